@@ -1,0 +1,181 @@
+"""GPT-2 in plain PyTorch.
+
+Parameter names are Hugging Face's (`transformer.wte`, `transformer.h.{i}.attn.c_attn`, `lm_head`,
+...), so checkpoints map one to one onto `transformers.GPT2LMHeadModel` (HF's Conv1D stores its
+weight transposed; `checkpoint.py` handles that). This module knows nothing about devices,
+distribution, data or checkpoints: placement, checkpointing and compilation are applied from outside.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+IGNORE_INDEX = -100
+
+
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": _gelu_new,
+    "gelu_pytorch_tanh": _gelu_new,
+    "gelu_fast": _gelu_new,
+    "quick_gelu": _quick_gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with fused q/k/v projection (SDPA kernel)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        C = cfg.n_embd
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.resid_dropout = nn.Dropout(cfg.resid_pdrop)
+        self.attn_pdrop = cfg.attn_pdrop
+        scale = 1.0 / math.sqrt(cfg.head_dim) if cfg.scale_attn_weights else 1.0
+        if cfg.scale_attn_by_inverse_layer_idx:
+            scale /= layer_idx + 1
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, n_head, T, hd) -> (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.inner_dim)
+        self.c_proj = nn.Linear(cfg.inner_dim, cfg.n_embd)
+        self.act = _ACTIVATIONS[cfg.activation_function]
+        self.dropout = nn.Dropout(cfg.resid_pdrop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = Attention(cfg, layer_idx)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    """Embeddings, blocks and final LayerNorm: ids (B, T) -> hidden states (B, T, C)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.embd_pdrop)
+        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        pos = torch.arange(T, device=input_ids.device)
+        x = self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class LMLoss(NamedTuple):
+    """Sums over the non-ignored label positions, so micro-batches add up exactly."""
+
+    loss_sum: torch.Tensor  # scalar, sum of per-token cross-entropy (fp32)
+    correct: torch.Tensor  # scalar, number of tokens whose argmax equals the label
+    tokens: torch.Tensor  # scalar, number of non-ignored labels
+
+
+class GPT2LMHeadModel(nn.Module):
+    """GPT-2 with the LM head tied to the token embedding (`lm_head.weight is transformer.wte.weight`)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.transformer = Transformer(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """HF/GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, and residual
+        output projections (`c_proj`) scaled by 1/sqrt(2 n_layer) (GPT-2 paper, section 2.3)."""
+        std = self.config.initializer_range
+        proj_std = std / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                p.normal_(0.0, proj_std, generator=generator)
+            elif p.ndim == 2:
+                p.normal_(0.0, std, generator=generator)
+            elif name.endswith(".weight"):  # LayerNorm gain
+                p.fill_(1.0)
+            else:
+                p.zero_()
+        self.transformer.wte.weight[self.config.vocab_size:].zero_()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> (..., padded_vocab) with the padded columns at -inf (never sampled or predicted)."""
+        out = self.lm_head(hidden)
+        V = self.config.vocab_size
+        if out.shape[-1] > V:
+            # In place on the matmul output: mm does not save its output for backward.
+            out[..., V:] = float("-inf")
+        return out
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        """input_ids (B, T) int64.
+
+        Without labels: logits (B, T, padded_vocab), padded columns at -inf.
+        With labels (B, T, IGNORE_INDEX where not scored): an `LMLoss` of sums over scored tokens.
+        """
+        logits = self.logits(self.transformer(input_ids))
+        if labels is None:
+            return logits
+        return lm_loss(logits.flatten(0, 1), labels.flatten())
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> LMLoss:
+    """Cross-entropy sum, correct-argmax count and token count over labels != IGNORE_INDEX.
+
+    logits (N, V) in any float dtype (reduced in fp32 by the kernel), labels (N,) int64.
+    """
+    loss_sum = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    with torch.no_grad():
+        mask = labels != IGNORE_INDEX
+        correct = ((logits.argmax(-1) == labels) & mask).sum()
+        tokens = mask.sum()
+    return LMLoss(loss_sum, correct, tokens)

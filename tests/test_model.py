@@ -1,0 +1,132 @@
+"""Parity of our GPT-2 with transformers.GPT2LMHeadModel, both directions, and checkpoint loading."""
+
+import pytest
+import torch
+import transformers
+
+from gpt2forge.checkpoint import from_hf_state_dict, load_weights, save_checkpoint, to_hf_state_dict
+from gpt2forge.config import MODEL_FILES, ModelConfig
+from gpt2forge.model import IGNORE_INDEX, GPT2LMHeadModel, lm_loss
+
+
+def tiny(**kw) -> ModelConfig:
+    base = dict(vocab_size=101, n_positions=32, n_embd=32, n_layer=2, n_head=2, vocab_pad_multiple=16,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def ours(cfg: ModelConfig, seed: int = 0) -> GPT2LMHeadModel:
+    m = GPT2LMHeadModel(cfg)
+    m.init_weights(torch.Generator().manual_seed(seed))
+    with torch.no_grad():  # non-trivial biases and LayerNorms, so layout mistakes show up
+        for name, p in m.named_parameters():
+            if p.ndim == 1:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+    return m.eval()
+
+
+def hf_model(cfg: ModelConfig) -> transformers.GPT2LMHeadModel:
+    hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict())
+    hf_cfg._attn_implementation = "eager"
+    return transformers.GPT2LMHeadModel(hf_cfg).eval()
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
+@pytest.mark.parametrize("inverse_layer_scale", [False, True])
+def test_logits_match_transformers(act, inverse_layer_scale):
+    cfg = tiny(activation_function=act, scale_attn_by_inverse_layer_idx=inverse_layer_scale)
+    model = ours(cfg)
+    hf = hf_model(cfg)
+    hf.load_state_dict(to_hf_state_dict(model), strict=False)
+    hf.tie_weights()
+    ids = torch.randint(0, cfg.vocab_size, (3, 17), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids).logits
+        got = model(ids)
+    assert got.shape == (3, 17, cfg.padded_vocab_size)
+    torch.testing.assert_close(got[..., : cfg.vocab_size], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_hf_weights_load_into_ours():
+    cfg = tiny()
+    hf = hf_model(cfg)
+    model = GPT2LMHeadModel(cfg).eval()
+    model.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg), strict=True)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    ids = torch.randint(0, cfg.vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[..., : cfg.vocab_size], hf(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_padded_vocab_never_gets_mass_or_predicted():
+    cfg = tiny()
+    model = ours(cfg)
+    assert cfg.padded_vocab_size == 112 and cfg.vocab_size == 101
+    ids = torch.randint(0, cfg.vocab_size, (2, 8))
+    logits = model(ids)
+    probs = torch.softmax(logits, -1)
+    assert torch.all(probs[..., cfg.vocab_size:] == 0)
+    assert int(logits.argmax(-1).max()) < cfg.vocab_size
+
+
+def test_loss_equals_plain_cross_entropy_and_ignores_padding():
+    cfg = tiny()
+    model = ours(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 10))
+    labels = torch.randint(0, cfg.vocab_size, (2, 10))
+    labels[1, 6:] = IGNORE_INDEX
+    out = model(ids, labels)
+    logits = model(ids)[..., : cfg.vocab_size]
+    ref = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                            reduction="sum")
+    torch.testing.assert_close(out.loss_sum, ref)
+    assert int(out.tokens) == 16
+    mask = labels != IGNORE_INDEX
+    assert int(out.correct) == int(((logits.argmax(-1) == labels) & mask).sum())
+
+
+def test_lm_loss_gradient_reaches_only_real_rows():
+    cfg = tiny()
+    model = ours(cfg).train()
+    ids = torch.randint(0, cfg.vocab_size, (2, 8))
+    model(ids, ids).loss_sum.backward()
+    grad = model.transformer.wte.weight.grad
+    assert torch.all(grad[cfg.vocab_size:] == 0)
+    assert grad[: cfg.vocab_size].abs().sum() > 0
+
+
+def test_checkpoint_loads_in_transformers_with_same_logits(tmp_path):
+    cfg = tiny()
+    model = ours(cfg)
+    path = save_checkpoint(tmp_path, "step_1", model, {"step": 1}, {"seed": 1})
+    hf = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids)[..., : cfg.vocab_size], rtol=1e-5, atol=1e-5)
+    # and back into a fresh model of ours
+    again = GPT2LMHeadModel(cfg).eval()
+    load_weights(again, path)
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids), model(ids))
+    assert (tmp_path / "latest").read_text().strip() == "step_1"
+
+
+def test_hf_save_pretrained_directory_loads(tmp_path):
+    cfg = tiny()
+    hf = hf_model(cfg)
+    hf.save_pretrained(tmp_path / "hf")
+    model = GPT2LMHeadModel(cfg).eval()
+    load_weights(model, tmp_path / "hf")
+    ids = torch.randint(0, cfg.vocab_size, (1, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[..., : cfg.vocab_size], hf(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MODEL_FILES))
+def test_shipped_configs_parse_and_count_parameters(name):
+    cfg = ModelConfig.preset(name)
+    hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict())
+    assert hf_cfg.n_layer == cfg.n_layer and cfg.eos_token_id == 50256
+    if name == "gpt2":  # the 124M model (117M in the paper's count)
+        assert cfg.num_params() == 124_439_808
