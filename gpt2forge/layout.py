@@ -1,0 +1,93 @@
+"""The parallel layout the reference's IPU flags describe, validated and printed once.
+
+`--layers-per-ipu 0 4 4 4` is data: stage 0 holds the embeddings (and, tied to them, the LM head),
+entry i says how many blocks stage i holds. Until pipeline execution lands, all stages run
+co-located on one device (same math), and data-parallel replicas that have no process of their own
+become extra gradient accumulation (same global batch, same math).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from . import log
+from .errors import UsageError
+from .train_config import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    layers_per_stage: tuple[int, ...]
+    """Blocks per pipeline stage (stage 0 also holds the embeddings and the tied LM head)."""
+    replicas: int
+    """Data-parallel replicas asked for."""
+    world_size: int
+    """Processes actually running."""
+
+    @property
+    def stages(self) -> int:
+        return len(self.layers_per_stage)
+
+    def stage_of_layer(self) -> list[int]:
+        """Block index -> stage index."""
+        return [s for s, n in enumerate(self.layers_per_stage) for _ in range(n)]
+
+    def stage_map(self) -> list[str]:
+        lines = ["Embedding --> stage 0"]
+        lines += [f"Layer {i:<2} --> stage {s}" for i, s in enumerate(self.stage_of_layer())]
+        lines.append("LM_head --> stage 0 (tied to the embedding)")
+        return lines
+
+
+def build_layout(cfg: TrainConfig, n_layer: int, world_size: int = 1) -> Layout:
+    """Validate the IPU layout flags against the model; UsageError names the flag and the fix."""
+    if cfg.layers_per_ipu is None:
+        return Layout((n_layer,), cfg.replication_factor, world_size)
+    layers = tuple(cfg.layers_per_ipu)
+    if sum(layers) != n_layer:
+        raise UsageError(f"--layers-per-ipu {' '.join(map(str, layers))} places {sum(layers)} blocks but the model "
+                         f"has n_layer={n_layer}; give entries that add up to {n_layer}")
+    if len(layers) != cfg.ipus_per_replica:
+        raise UsageError(f"--layers-per-ipu has {len(layers)} entries but --ipus-per-replica is "
+                         f"{cfg.ipus_per_replica}; give one entry per stage")
+    if cfg.matmul_proportion is not None and len(cfg.matmul_proportion) != cfg.ipus_per_replica:
+        raise UsageError(f"--matmul-proportion has {len(cfg.matmul_proportion)} values but --ipus-per-replica "
+                         f"is {cfg.ipus_per_replica}; give one per stage")
+    return Layout(layers, cfg.replication_factor, world_size)
+
+
+def report_layout(layout: Layout, cfg: TrainConfig) -> int:
+    """Print the stage map and the notices for co-located stages / missing replicas / no-op flags.
+    Returns the gradient accumulation this process must run to keep the global batch."""
+    if layout.stages > 1:
+        log.banner("Device Allocation")
+        for line in layout.stage_map():
+            log.info(line)
+        if layout.world_size < layout.stages * layout.replicas:
+            log.notice(f"{layout.stages} pipeline stages run co-located on one device (same math, no pipelining)")
+    accumulation = cfg.gradient_accumulation
+    if layout.replicas > layout.world_size:
+        factor = layout.replicas // max(layout.world_size, 1)
+        accumulation *= factor
+        log.notice(f"--replication-factor {layout.replicas} with {layout.world_size} process(es): "
+                   f"gradient accumulation {cfg.gradient_accumulation} x {factor} = {accumulation} keeps the "
+                   f"global batch of {cfg.samples_per_update} sequences")
+    _ipu_only_notices(cfg)
+    return accumulation
+
+
+def _ipu_only_notices(cfg: TrainConfig) -> None:
+    """Flags that are accepted and do nothing on these devices (yet) say so once."""
+    if cfg.matmul_proportion is not None:
+        log.notice("--matmul-proportion is an IPU memory-planner knob with no equivalent; ignored")
+    if cfg.embedding_serialization_factor > 1 or cfg.enable_sequence_serialized or cfg.remap_logit:
+        log.notice("--embedding-serialization-factor / --enable-sequence-serialized / --remap-logit: "
+                   "the chunked LM head and loss are not implemented yet; the plain loss is used (same math)")
+    if cfg.recompute_checkpoint_every_layer or cfg.recompute_checkpoint_layers:
+        log.notice("--recompute-checkpoint-*: activation checkpointing is not implemented yet; ignored")
+    if cfg.replicated_tensor_sharding:
+        log.notice("--replicated-tensor-sharding: ZeRO sharding needs several processes; ignored")
+    if cfg.optimizer_state_offchip:
+        log.notice("--optimizer-state-offchip: optimizer offload is not implemented yet; ignored")
+    if cfg.async_dataloader:
+        log.notice("--async-dataloader: batches are prefetched by DataLoader workers (--num-workers)")

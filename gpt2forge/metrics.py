@@ -1,0 +1,101 @@
+"""Throughput and model FLOPs utilisation (MFU).
+
+MFU = achieved training FLOP/s / peak FLOP/s of the device in the run's precision. GPU peaks come
+from a table of dense tensor-core figures; a CPU's peak is measured once per machine (a large
+matmul in that precision, cached under ~/.cache/gpt2forge) since CPU peaks are not published in a
+form we can look up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+# Dense peak FLOP/s by device-name substring and compute dtype (vendor data sheets, no sparsity).
+GPU_PEAKS = {
+    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},  # SXM; fp32 = TF32 tensor cores
+    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 183e12},
+    "A10": {"bf16": 125e12, "fp16": 125e12, "fp32": 62.5e12},
+    "V100": {"bf16": None, "fp16": 125e12, "fp32": 15.7e12},
+    "RTX 4090": {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12},
+    "RTX 3090": {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12},
+}
+
+
+def gpu_peak(device: torch.device, precision: str) -> float | None:
+    name = torch.cuda.get_device_name(device)
+    for key, peaks in GPU_PEAKS.items():
+        if key in name:
+            return peaks.get(precision)
+    return None
+
+
+def _cache_file() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt2forge" / "cpu_peak.json"
+
+
+def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
+    """FLOP/s of an n x n x n matmul in `precision` on this CPU, best of `reps`."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)  # warm-up: thread pool, packing buffers
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def cpu_peak(precision: str) -> float:
+    """Measured once per (CPU, thread count, precision) and cached."""
+    key = f"{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{precision}|{torch.__version__}"
+    path = _cache_file()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache[key] = measure_cpu_peak(precision)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(cache, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home only costs a re-measurement next time
+    return cache[key]
+
+
+def device_peak(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s for MFU, or None when unknown (printed as 'unknown')."""
+    if device.type == "cuda":
+        return gpu_peak(device, precision)
+    if device.type == "cpu":
+        return cpu_peak(precision)
+    return None
+
+
+class StepMeter:
+    """Turns a host step's wall time into samples/s, tokens/s and MFU."""
+
+    def __init__(self, samples_per_step: int, seq_len: int, flops_per_token: float, peak: float | None):
+        self.samples_per_step = samples_per_step
+        self.seq_len = seq_len
+        self.flops_per_token = flops_per_token
+        self.peak = peak
+
+    def rates(self, seconds: float) -> tuple[float, float, str]:
+        """(samples/s, tokens/s, MFU text)."""
+        samples = self.samples_per_step / seconds
+        tokens = samples * self.seq_len
+        mfu = "unknown" if not self.peak else f"{100.0 * tokens * self.flops_per_token / self.peak:.1f}%"
+        return samples, tokens, mfu

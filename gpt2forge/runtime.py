@@ -1,0 +1,131 @@
+"""Device, precision and compilation: everything the model is run *with*, applied from outside.
+
+Order in which the trainer applies things to a model (documented once, here):
+  1. build on CPU and initialise/load weights        (model.py, checkpoint.py)
+  2. move to the device                              (resolve_device)
+  3. activation checkpointing / stage placement      (later issues: layout.py)
+  4. torch.compile                                   (maybe_compile)
+Precision is not a model property: weights stay fp32 (master copy) and autocast runs the matmuls
+in bf16/fp16; fp16 adds loss scaling (LossScaler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from . import log
+from .errors import UsageError
+
+
+def resolve_device(name: str) -> torch.device:
+    """--device auto|cpu|cuda|cuda:N -> a torch.device that exists here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: no CUDA GPU is visible (this torch build: {torch.__version__}); "
+                             "use --device cpu or install a CUDA build of torch (TORCH_SPEC in the Makefile)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
+    elif dev.type != "cpu":
+        raise UsageError(f"--device {name} is not supported; use auto, cpu, cuda or cuda:N")
+    return dev
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """--precision auto -> bf16 on CUDA GPUs that support it, else fp32."""
+    if name != "auto":
+        if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise UsageError("--precision bf16: this GPU has no bf16 support; use --precision fp16")
+        return name
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed-precision context for forward + loss; a no-op context for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def configure_matmul(device: torch.device, precision: str, half_partials: bool) -> None:
+    """TF32 for fp32 matmuls on CUDA; --enable-half-partials allows reduced-precision accumulation."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        if half_partials:
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    elif half_partials:
+        log.notice("--enable-half-partials has no equivalent on CPU (matmuls accumulate in fp32); ignored")
+
+
+def maybe_compile(model: torch.nn.Module, mode: str, device: torch.device, cache_dir: str | None):
+    """--torch-compile auto (on for CUDA) | true | false. Returns the module to call."""
+    if cache_dir:
+        import os
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir)
+    enabled = mode == "true" or (mode == "auto" and device.type == "cuda")
+    if not enabled:
+        return model
+    return torch.compile(model)
+
+
+class LossScaler:
+    """fp16 loss scaling: static (--loss-scaling S) or dynamic (--auto-loss-scaling: halve on overflow,
+    double after `growth_interval` clean updates). Overflowing updates are skipped.
+    For fp32/bf16 it is disabled: scale 1, nothing skipped."""
+
+    def __init__(self, enabled: bool, init_scale: float, dynamic: bool, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = float(init_scale) if enabled else 1.0
+        self.dynamic = dynamic and enabled
+        self.growth_interval = growth_interval
+        self.good_steps = 0
+        self.skipped = 0
+
+    def unscale_and_check(self, params: list[torch.nn.Parameter]) -> bool:
+        """Divide gradients by the scale; return True when all are finite (the update may proceed)."""
+        if not self.enabled:
+            return True
+        grads = [p.grad for p in params if p.grad is not None]
+        found_inf = torch.zeros(1, device=grads[0].device)
+        inv = torch.full((1,), 1.0 / self.scale, device=grads[0].device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv)
+        return not bool(found_inf.item())
+
+    def update(self, finite: bool) -> None:
+        if not self.enabled:
+            return
+        if not finite:
+            self.skipped += 1
+            self.good_steps = 0
+            if self.dynamic:
+                self.scale = max(self.scale / 2.0, 1.0)
+            return
+        self.good_steps += 1
+        if self.dynamic and self.good_steps % self.growth_interval == 0:
+            self.scale *= 2.0
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.good_steps, self.skipped = state["scale"], state["good_steps"], state["skipped"]
+
+
+def synchronize(device: torch.device) -> float:
+    """Wait for queued device work; return perf_counter() (for step timing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -1,0 +1,305 @@
+"""The training loop: an orchestrator around a small `train_step`.
+
+Units: a *micro-batch* is --batch-size sequences; an *update* is one optimizer step over
+--gradient-accumulation micro-batches (per replica); a *host step* is --device-iterations updates
+and is what the step line, --save-per-steps, --training-steps and --log-steps count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from . import log
+from .checkpoint import load_training_state, save_checkpoint
+from .datasets import IGNORE_INDEX, DataRequest, load_datasets, split_batch
+from .errors import UsageError
+from .layout import build_layout, report_layout
+from .metrics import StepMeter, device_peak
+from .model import GPT2LMHeadModel
+from .modeling import build_model, maybe_sample
+from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
+from .runtime import LossScaler, autocast, configure_matmul, maybe_compile, resolve_device, resolve_precision, \
+    synchronize
+from .train_config import TrainConfig
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where the run is; saved in every checkpoint so a resumed run continues exactly."""
+
+    step: int = 0  # host steps done
+    epoch: int = 0  # 0-based epoch of the next step
+    step_in_epoch: int = 0  # host steps done in the current epoch
+    updates: int = 0  # optimizer updates done
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything a step needs, built once."""
+
+    cfg: TrainConfig
+    model: GPT2LMHeadModel  # the module owning the parameters (saved)
+    forward: Any  # what is called: the model or its torch.compile wrapper
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: LossScaler
+    device: torch.device
+    precision: str
+    accumulation: int  # micro-batches per update in this process
+
+
+def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
+    """One optimizer update over `micro_batches` ((B, max_len+1) each).
+
+    The loss is the mean over every scored token of the update (micro-batches weighted by their
+    token counts, so padding does not skew it). Returns a (3,) tensor: loss sum, correct, tokens.
+    """
+    pairs = [split_batch(b) for b in micro_batches]
+    tokens = torch.stack([(y != IGNORE_INDEX).sum() for _, y in pairs]).sum()
+    denom = tokens.clamp(min=1).float()
+    totals = torch.zeros(3, device=run.device)
+    for x, y in pairs:
+        with autocast(run.device, run.precision):
+            out = run.forward(x, y)
+        (out.loss_sum * (run.scaler.scale / denom)).backward()
+        totals += torch.stack([out.loss_sum.detach().float(), out.correct.float(), out.tokens.float()])
+    params = [p for g in run.optimizer.param_groups for p in g["params"]]
+    finite = run.scaler.unscale_and_check(params)
+    if run.cfg.max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
+    if finite:
+        run.optimizer.step()
+    run.scaler.update(finite)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    return totals
+
+
+@torch.no_grad()
+def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
+    """Mean token loss, perplexity and token count over a dataset (dropout off)."""
+    run.model.eval()
+    totals = torch.zeros(3, device=run.device)
+    loader = DataLoader(dataset, batch_size=run.cfg.batch_size, collate_fn=torch.stack)
+    for batch in loader:
+        x, y = split_batch(batch.to(run.device))
+        with autocast(run.device, run.precision):
+            out = run.forward(x, y)
+        totals += torch.stack([out.loss_sum.float(), out.correct.float(), out.tokens.float()])
+    run.model.train()
+    loss = float(totals[0] / totals[2].clamp(min=1))
+    return loss, math.exp(min(loss, 50.0)), int(totals[2])
+
+
+def epoch_micro_batches(run: Run, dataset: Dataset, progress: Progress, steps_per_epoch: int,
+                        micro_per_step: int, shuffle: bool) -> Iterator[list[torch.Tensor]]:
+    """The host steps left in the current epoch, each a list of micro-batches on the device.
+
+    The order is a permutation seeded by (seed, epoch), so it does not depend on where a run
+    was resumed; the DataLoader gets its own generator so it never draws from the global RNG.
+    """
+    B = run.cfg.batch_size
+    n = len(dataset)
+    order = (torch.randperm(n, generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))
+             if shuffle else torch.arange(n))
+    used = order[: steps_per_epoch * micro_per_step * B].view(steps_per_epoch, micro_per_step, B)
+    batches = used[progress.step_in_epoch:].reshape(-1, B).tolist()
+    loader = DataLoader(dataset, batch_sampler=batches, collate_fn=torch.stack, num_workers=run.cfg.num_workers,
+                        pin_memory=run.device.type == "cuda", generator=torch.Generator())
+    group: list[torch.Tensor] = []
+    for batch in loader:
+        group.append(batch.to(run.device, non_blocking=True))
+        if len(group) == micro_per_step:
+            yield group
+            group = []
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
+    """The one place checkpoints are written (rank 0)."""
+    state = {
+        "progress": dataclasses.asdict(progress),
+        "optimizer": run.optimizer.state_dict(),
+        "lr_scheduler": run.scheduler.state_dict(),
+        "loss_scaler": run.scaler.state_dict(),
+        "rng": _rng_state(),
+        "metrics": metrics,
+    }
+    path = save_checkpoint(run.cfg.checkpoint_output_dir, name, run.model, state, run.cfg.to_dict())
+    log.info(f"saved checkpoint {path}")
+
+
+def _checkpoint_name(cfg: TrainConfig, progress: Progress, epoch_done: bool, last: bool) -> str | None:
+    if not cfg.checkpoint_output_dir:
+        return None
+    if epoch_done and progress.epoch % cfg.save_per_epochs == 0:
+        return f"epoch_{progress.epoch}"
+    if cfg.save_per_steps and progress.step % cfg.save_per_steps == 0:
+        return f"step_{progress.step}"
+    return f"step_{progress.step}" if last else None
+
+
+def _resume(run: Run, ckpt_dir, progress: Progress) -> None:
+    state = load_training_state(ckpt_dir)
+    try:
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["lr_scheduler"])
+        run.scaler.load_state_dict(state["loss_scaler"])
+        for k, v in state["progress"].items():
+            setattr(progress, k, v)
+        _set_rng_state(state["rng"])
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise UsageError(f"{ckpt_dir}: training state does not fit this run ({type(exc).__name__}: {exc}); "
+                         "resume with the same --model and --optimizer") from None
+    log.info(f"resumed from {ckpt_dir} at step {progress.step} (epoch {progress.epoch})")
+
+
+def run_training(cfg: TrainConfig) -> int:
+    """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.precision, device)
+    configure_matmul(device, precision, cfg.enable_half_partials)
+    model, ckpt_dir = build_model(cfg, device)
+    layout = build_layout(cfg, model.config.n_layer)
+    accumulation = report_layout(layout, cfg)
+    log.info(f"Model config: {model.config}")
+    log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
+
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay, device_type=device.type)
+    scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
+                        cfg.auto_loss_scaling)
+    forward = maybe_compile(model, "true" if cfg.compile_only else cfg.torch_compile, device,
+                            cfg.executable_cache_dir)
+    if cfg.compile_only:
+        return _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation)
+
+    micro_per_step = accumulation * cfg.device_iterations
+    local_samples_per_step = micro_per_step * cfg.batch_size
+    log.banner("Loading data")
+    t0 = time.perf_counter()
+    data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
+                                     model.config.vocab_size, cfg.seed, cfg.stride, cfg.val_num,
+                                     local_samples_per_step))
+    steps_per_epoch = len(data.train) // local_samples_per_step
+    if steps_per_epoch < 1:
+        raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
+                         f"({local_samples_per_step}); reduce --batch-size, --gradient-accumulation or "
+                         "--device-iterations, or add data")
+    total_steps = cfg.training_steps or cfg.epochs * steps_per_epoch
+    log.info(f"Samples per epoch: {len(data.train)}")
+    log.info(f"Steps per epoch: {steps_per_epoch}")
+    log.info(f"Data loaded in {time.perf_counter() - t0:.2f} secs")
+
+    total_updates = total_steps * cfg.device_iterations
+    decay = cfg.lr_decay_steps or total_updates
+    warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
+    scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
+    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation)
+    progress = Progress()
+    if cfg.resume_training_from_checkpoint:
+        _resume(run, ckpt_dir, progress)
+    wandb = _init_wandb(cfg, model)
+    meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len),
+                      device_peak(device, precision))
+    _loop(run, data, progress, total_steps, steps_per_epoch, micro_per_step, meter, wandb)
+    maybe_sample(cfg, model, device)
+    return 0
+
+
+def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, micro_per_step: int,
+          meter: StepMeter, wandb) -> None:
+    cfg = run.cfg
+    shuffle = cfg.dataset != "generated"
+    log.banner("Training")
+    model = run.model.train()
+    last_val: tuple[float, float, int] | None = None
+    while progress.step < total_steps:
+        t_start = time.perf_counter()
+        for micro in epoch_micro_batches(run, data.train, progress, steps_per_epoch, micro_per_step, shuffle):
+            index_in_epoch = progress.step_in_epoch
+            totals = torch.zeros(3, device=run.device)
+            for u in range(cfg.device_iterations):
+                totals += train_step(run, micro[u * run.accumulation:(u + 1) * run.accumulation])
+            progress.updates += cfg.device_iterations
+            loss_sum, correct, tokens = totals.tolist()  # syncs the device
+            t_end = synchronize(run.device)
+            loss, acc = loss_sum / max(tokens, 1), correct / max(tokens, 1)
+            lr = run.optimizer.param_groups[0]["lr"]
+            samples_s, tokens_s, mfu = meter.rates(t_end - t_start)
+            t_start = t_end
+            epoch = progress.epoch
+            progress.step += 1
+            progress.step_in_epoch += 1
+            epoch_done = progress.step_in_epoch == steps_per_epoch
+            if epoch_done:
+                progress.epoch += 1
+                progress.step_in_epoch = 0
+            last = progress.step >= total_steps
+            if progress.step % cfg.log_steps == 0 or last:
+                log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
+                         f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}")
+            if wandb is not None:
+                wandb.log({"Loss": loss, "Acc": acc, "LR": lr, "Step": progress.step, "Epoch": epoch + 1,
+                           "Throughput": samples_s})
+            if data.val is not None and (epoch_done or last or (
+                    cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)):
+                last_val = evaluate(run, data.val)
+                log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
+                         f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
+            name = _checkpoint_name(cfg, progress, epoch_done, last)
+            if name:
+                metrics = {"loss": loss, "acc": acc}
+                if last_val:
+                    metrics.update(val_loss=last_val[0], val_perplexity=last_val[1])
+                _save(run, progress, name, metrics)
+            if last or epoch_done:
+                break
+
+
+def _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation) -> int:
+    """Compile the training step on one generated micro-batch, print the time, exit 0."""
+    log.banner("Compiling model")
+    scheduler = build_lr_schedule(optimizer, "constant", 1, 0)
+    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, 1)
+    gen = torch.Generator().manual_seed(42)
+    batch = torch.randint(1, model.config.vocab_size, (cfg.batch_size, cfg.max_len + 1), generator=gen)
+    t0 = time.perf_counter()
+    train_step(run, [batch.to(device)])
+    synchronize(device)
+    log.info(f"Compiled/Loaded model in {time.perf_counter() - t0:.2f} secs")
+    log.info("Model successfully compiled. Exiting now as '--compile-only' argument was passed.")
+    return 0
+
+
+def _init_wandb(cfg: TrainConfig, model: GPT2LMHeadModel):
+    if not cfg.use_wandb or log.rank() != 0:
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise UsageError("--use-wandb needs the wandb package: .venv/bin/pip install wandb") from None
+    name = f"{cfg.model}_{model.config.vocab_size}_sl{cfg.max_len}_gbs{cfg.samples_per_update}"
+    wandb.init(project="torch-gpt2", name=name, config=cfg.to_dict())
+    return wandb
