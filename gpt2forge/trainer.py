@@ -91,7 +91,7 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
     for batch in loader:
         x, y = split_batch(batch.to(run.device))
         with autocast(run.device, run.precision):
-            out = run.forward(x, y)
+            out = run.model(x, y)  # eager: a compiled no-grad graph would cost a second compilation
         totals += torch.stack([out.loss_sum.float(), out.correct.float(), out.tokens.float()])
     run.model.train()
     loss = float(totals[0] / totals[2].clamp(min=1))
