@@ -1,0 +1,63 @@
+# Quick start: `make train` (set up if needed, pretrain a small GPT-2 on the embedded corpus) and
+# `make test`. Bare `make` builds the custom ops library (the first target, as in the reference).
+#
+# CUDA users: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" train
+PYTHON_SYS ?= python3
+VENV       := .venv
+PY         := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP      := $(VENV)/.installed
+OPS_LIB    := build/custom_ops/gpt2forge_ops.so
+OPS_SRC    := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h)
+VOCAB      := gpt2forge/assets/gpt2.tiktoken
+CORPUS     := build/stdlib_docs.pkl
+CKPT_DIR   ?= checkpoints/mini
+
+# The main job: a 4-layer GPT-2 (GPT-2 BPE, 128 tokens of context) on the Python standard library's
+# documentation, about three minutes on 2 CPU cores.
+TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-files $(CORPUS) \
+	--max-len 128 --stride 128 --val-num 64 --batch-size 16 --gradient-accumulation 1 \
+	--device-iterations 1 --training-steps 150 --optimizer AdamW --learning-rate 2e-3 \
+	--lr-schedule cosine --lr-warmup-steps 15 --weight-decay 0.1 --max-grad-norm 1.0 \
+	--precision bf16 --torch-compile true --num-workers 0 --log-steps 10 --eval-every-steps 75 \
+	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 75 --sample-tokens 60 --sample-prompt "The module"
+
+.PHONY: all custom_ops setup train test bench clean distclean
+
+all: custom_ops
+
+custom_ops: $(OPS_LIB)
+
+$(OPS_LIB): $(STAMP) $(OPS_SRC) gpt2forge/custom_ops.py
+	$(PY) -m gpt2forge.custom_ops build --out-dir $(@D)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $@
+
+$(VOCAB): $(STAMP)
+	$(PY) -m gpt2forge.vocab
+
+setup: $(STAMP) $(VOCAB) $(OPS_LIB)
+
+$(CORPUS): $(STAMP) $(VOCAB)
+	$(PY) data/build_default_corpus.py --output $@
+
+train: setup $(CORPUS)
+	$(PY) train_gpt2.py $(TRAIN_ARGS)
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/train_throughput.py
+
+clean:
+	test -x $(PY) && $(PY) -m gpt2forge.custom_ops clean --out-dir build/custom_ops || rm -f $(OPS_LIB)
+
+distclean: clean
+	rm -rf $(VENV) build gpt2forge/assets
