@@ -120,13 +120,16 @@ def is_prose(paragraph: str) -> bool:
 
 
 def prose_of(docstring: str) -> str:
-    """The prose paragraphs of a cleaned docstring joined by blank lines, or "" if they hold fewer
+    """The prose paragraphs of a cleaned docstring, each reflowed onto one line, joined by blank
+    lines, or "" if they hold fewer
     than MIN_DOCSTRING_WORDS words. Rule-only lines (heading underlines) are removed first."""
     kept = []
     for paragraph in re.split(r"\n\s*\n", docstring):
         paragraph = "\n".join(ln for ln in paragraph.splitlines() if not _RULE_LINE.match(ln))
         if is_prose(paragraph):
-            kept.append(paragraph.strip("\n"))
+            # Reflow: hard line wraps and indentation are layout, not language; keeping them
+            # would make a tenth of the tokens newlines and runs of spaces.
+            kept.append(" ".join(paragraph.split()))
     text = "\n\n".join(kept)
     return text if len(text.split()) >= MIN_DOCSTRING_WORDS else ""
 

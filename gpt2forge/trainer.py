@@ -28,6 +28,7 @@ from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
 from .runtime import LossScaler, autocast, configure_matmul, maybe_compile, resolve_device, resolve_precision, \
     synchronize
 from .train_config import TrainConfig
+from .vocab import MERGES_FILE, VOCAB_FILE, asset_dir
 
 
 @dataclasses.dataclass
@@ -145,8 +146,17 @@ def _save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) ->
         "rng": _rng_state(),
         "metrics": metrics,
     }
-    path = save_checkpoint(run.cfg.checkpoint_output_dir, name, run.model, state, run.cfg.to_dict())
+    path = save_checkpoint(run.cfg.checkpoint_output_dir, name, run.model, state, run.cfg.to_dict(),
+                           extra_files=tokenizer_files(run.model.config.vocab_size))
     log.info(f"saved checkpoint {path}")
+
+
+def tokenizer_files(vocab_size: int) -> dict:
+    """The GPT-2 BPE files (HF vocab.json/merges.txt) to ship inside a checkpoint, when they apply."""
+    files = {f: asset_dir() / f for f in (VOCAB_FILE, MERGES_FILE)}
+    if vocab_size != 50257 or not all(p.is_file() for p in files.values()):
+        return {}
+    return files
 
 
 def _checkpoint_name(cfg: TrainConfig, progress: Progress, epoch_done: bool, last: bool) -> str | None:

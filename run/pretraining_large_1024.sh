@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# gpt2-large pretraining with the reference's POD16 layout (GPT-2 large, 762M, SL 1024). Runs anywhere: stages are co-located
+# and missing replicas become gradient accumulation until pipeline/data parallelism is launched
+# with torchrun. Extra flags are passed through, e.g. --training-steps 10 --device cuda.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+exec "$PY" train_gpt2.py \
+    --model gpt2-large \
+    --max-len 1024 \
+    --optimizer AdamW \
+    --learning-rate 0.00015 \
+    --lr-schedule cosine \
+    --lr-warmup 0.01 \
+    --layers-per-ipu 0 2 2 2 2 2 2 2 2 3 3 3 3 3 3 2 \
+    --matmul-proportion 0.2 0.15 0.2 0.2 0.2 0.15 0.15 0.2 0.2 0.15 0.2 0.2 0.2 0.15 0.15 0.2 \
+    --ipus-per-replica 16 \
+    --replication-factor 1 \
+    --epochs 20 \
+    --gradient-accumulation 8192 \
+    --device-iterations 8 \
+    --batch-size 1 \
+    --enable-sequence-serialized True \
+    --remap-logit True \
+    --embedding-serialization-factor 4 \
+    --recompute-checkpoint-every-layer True \
+    --enable-half-partials True \
+    --dataset generated \
+    --replicated-tensor-sharding False \
+    "$@"
