@@ -44,15 +44,16 @@ def step_lines(text: str) -> list[tuple[str, ...]]:
     return [m.groups()[:5] for line in text.splitlines() if (m := STEP_LINE.match(line))]
 
 
-def test_resumed_run_equals_uninterrupted_run(tiny_config, tmp_path, capsys):
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_resumed_run_equals_uninterrupted_run(tiny_config, tmp_path, capsys, workers):
     full, part = tmp_path / "full", tmp_path / "part"
-    assert train_main(base_args(tiny_config, full, "--save-per-steps", "3")) == 0
+    assert train_main(base_args(tiny_config, full, "--save-per-steps", "3", "--num-workers", workers)) == 0
     full_lines = step_lines(capsys.readouterr().out)
     assert len(full_lines) == 8  # 4 host steps per epoch (generated data) x 2 epochs
     assert (full / "step_3").is_dir() and (full / "epoch_1").is_dir() and (full / "epoch_2").is_dir()
 
     assert train_main(base_args(tiny_config, part, "--checkpoint-input-dir", str(full / "step_3"),
-                                "--resume-training-from-checkpoint", "True")) == 0
+                                "--resume-training-from-checkpoint", "True", "--num-workers", workers)) == 0
     resumed_lines = step_lines(capsys.readouterr().out)
     assert resumed_lines == full_lines[3:]
     a = load_file(full / "epoch_2" / "model.safetensors")
