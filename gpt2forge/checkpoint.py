@@ -26,6 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
+from .atomic import fsync_path, write_atomic
 from .errors import UsageError
 from .model import GPT2LMHeadModel
 
@@ -138,8 +139,8 @@ def save_checkpoint(root: str | Path, name: str, model: GPT2LMHeadModel, trainin
     for fname, src in (extra_files or {}).items():
         shutil.copyfile(src, tmp / fname)
     for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+        fsync_path(f)
+    fsync_path(tmp)
     if final.exists():  # re-saving the same name: move the old one aside first, drop it after
         old = root / f".{name}.old-{os.getpid()}"
         os.replace(final, old)
@@ -147,8 +148,8 @@ def save_checkpoint(root: str | Path, name: str, model: GPT2LMHeadModel, trainin
         shutil.rmtree(old)
     else:
         os.replace(tmp, final)
-    _write_atomic(root / LATEST, name + "\n")
-    _fsync(root)
+    write_atomic(root / LATEST, name + "\n")
+    fsync_path(root)
     return final
 
 
@@ -162,19 +163,3 @@ def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
     except (OSError, RuntimeError, EOFError) as exc:
         raise UsageError(f"{path}: cannot read training state ({type(exc).__name__}); "
                          "resume from an earlier checkpoint") from None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    _fsync(tmp)
-    os.replace(tmp, path)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file or directory to disk so a rename never publishes unwritten data."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

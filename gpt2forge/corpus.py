@@ -21,10 +21,11 @@ import os
 import pickle
 import re
 import sysconfig
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Iterator
+
+from .atomic import write_atomic
 
 # Folder names skipped anywhere below the stdlib root: test suites (test, tests, idle_test, and
 # lib2to3/tests with its Python 2 fixtures), codec tables (encodings: boilerplate docstrings),
@@ -208,14 +209,4 @@ def build_corpus(tokenizer, min_tokens: int = 64, documents: list[str] | None = 
 def save_corpus(corpus: list[list[int]], path: Path) -> None:
     """Pickle `corpus` to `path` atomically (temporary file in the same folder, then os.replace),
     creating the folder if needed, so an interrupted build never leaves a truncated pickle."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(corpus, f, protocol=pickle.DEFAULT_PROTOCOL)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the pickle is an ordinary build output
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, pickle.dumps(corpus, protocol=pickle.DEFAULT_PROTOCOL))

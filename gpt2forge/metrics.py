@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from .atomic import write_atomic
+
 # Dense peak FLOP/s by device-name substring and compute dtype (vendor data sheets, no sparsity).
 GPU_PEAKS = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
@@ -66,10 +68,7 @@ def cpu_peak(precision: str) -> float:
     if key not in cache:
         cache[key] = measure_cpu_peak(precision)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(cache, indent=1))
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(cache, indent=1))
         except OSError:
             pass  # a read-only home only costs a re-measurement next time
     return cache[key]

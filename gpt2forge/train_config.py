@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import field
 from typing import Any
 
-from .errors import UsageError, collect
+from .errors import collect
 
 
 def opt(default: Any, help: str, *aliases: str, **kwargs: Any) -> Any:

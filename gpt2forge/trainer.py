@@ -243,7 +243,7 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
     cfg = run.cfg
     shuffle = cfg.dataset != "generated"
     log.banner("Training")
-    model = run.model.train()
+    run.model.train()
     last_val: tuple[float, float, int] | None = None
     while progress.step < total_steps:
         t_start = time.perf_counter()

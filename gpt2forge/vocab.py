@@ -25,6 +25,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from gpt2forge.atomic import write_atomic
 from gpt2forge.errors import UsageError, cli_main
 
 PACKAGE = "openai-whisper==20250625"
@@ -70,21 +71,6 @@ def verify(path: Path) -> bool:
     return path.is_file() and sha256_file(path) == TIKTOKEN_SHA256
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file in the same folder, so readers never see a
-    half-written vocabulary (an interrupted fetch leaves the old file or none)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; these are shared read-only assets
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def fetch_tiktoken_file(dest: Path) -> None:
     """Download the `openai-whisper` sdist from PyPI with pip, copy `gpt2.tiktoken` out of it to
     `dest` after checking its sha256. Raises UsageError if pip fails or the hash differs."""
@@ -113,7 +99,7 @@ def fetch_tiktoken_file(dest: Path) -> None:
     if digest != TIKTOKEN_SHA256:
         raise UsageError(f"{SDIST_MEMBER} from {PACKAGE} has sha256 {digest}, expected "
                          f"{TIKTOKEN_SHA256}; refusing to use it")
-    _write_atomic(dest, data)
+    write_atomic(dest, data)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -168,8 +154,8 @@ def derive_hf_files(ranks: dict[bytes, int], out_dir: Path) -> None:
         if len(parts) != 2:
             raise RuntimeError(f"rank {rank} ({tok!r}) is not a merge of two lower-ranked tokens")
         merges.append(f"{text(parts[0])} {text(parts[1])}")
-    _write_atomic(out_dir / VOCAB_FILE, json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
-    _write_atomic(out_dir / MERGES_FILE, ("#version: 0.2\n" + "\n".join(merges) + "\n").encode("utf-8"))
+    write_atomic(out_dir / VOCAB_FILE, json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
+    write_atomic(out_dir / MERGES_FILE, ("#version: 0.2\n" + "\n".join(merges) + "\n").encode("utf-8"))
 
 
 def hf_bpe_tokenizer(directory: Path):

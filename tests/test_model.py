@@ -6,7 +6,7 @@ import transformers
 
 from gpt2forge.checkpoint import from_hf_state_dict, load_weights, save_checkpoint, to_hf_state_dict
 from gpt2forge.config import MODEL_FILES, ModelConfig
-from gpt2forge.model import IGNORE_INDEX, GPT2LMHeadModel, lm_loss
+from gpt2forge.model import IGNORE_INDEX, GPT2LMHeadModel
 
 
 def tiny(**kw) -> ModelConfig:

@@ -1,0 +1,39 @@
+"""Atomic file writes: readers see the old file or the new one, never half of one.
+
+Data goes to a temporary file in the destination folder, is flushed to disk, and is renamed into
+place (a rename within one file system is atomic on POSIX).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file or a directory to disk, so a rename never publishes unwritten data."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> None:
+    """Write `data` (bytes, or text as UTF-8) to `path`, creating its folder if needed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
