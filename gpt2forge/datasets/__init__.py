@@ -18,8 +18,7 @@ import torch
 
 from gpt2forge.errors import UsageError, collect
 
-IGNORE_INDEX = -100
-"""Padding value in dataset items and labels; ``CrossEntropyLoss`` skips it (its default ignore_index)."""
+from ..model import IGNORE_INDEX  # noqa: E402  padding value in items and labels; the loss skips it
 
 
 @dataclass(frozen=True)
