@@ -99,14 +99,16 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
     return loss, math.exp(min(loss, 50.0)), int(totals[2])
 
 
-def epoch_micro_batches(run: Run, dataset: Dataset, progress: Progress, steps_per_epoch: int,
-                        micro_per_step: int, shuffle: bool) -> Iterator[list[torch.Tensor]]:
-    """The host steps left in the current epoch, each a list of micro-batches on the device.
+def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoch: int,
+                  shuffle: bool) -> Iterator[list[torch.Tensor]]:
+    """The optimizer updates left in the current epoch, each a list of `run.accumulation`
+    micro-batches on the device (streamed: one update's batches are held at a time).
 
     The order is a permutation seeded by (seed, epoch), so it does not depend on where a run
     was resumed; the DataLoader gets its own generator so it never draws from the global RNG.
     """
     B = run.cfg.batch_size
+    micro_per_step = run.accumulation * run.cfg.device_iterations
     n = len(dataset)
     order = (torch.randperm(n, generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))
              if shuffle else torch.arange(n))
@@ -117,7 +119,7 @@ def epoch_micro_batches(run: Run, dataset: Dataset, progress: Progress, steps_pe
     group: list[torch.Tensor] = []
     for batch in loader:
         group.append(batch.to(run.device, non_blocking=True))
-        if len(group) == micro_per_step:
+        if len(group) == run.accumulation:
             yield group
             group = []
 
@@ -233,13 +235,13 @@ def run_training(cfg: TrainConfig) -> int:
     wandb = _init_wandb(cfg, model)
     meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len),
                       device_peak(device, precision))
-    _loop(run, data, progress, total_steps, steps_per_epoch, micro_per_step, meter, wandb)
+    _loop(run, data, progress, total_steps, steps_per_epoch, meter, wandb)
     maybe_sample(cfg, model, device)
     return 0
 
 
-def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, micro_per_step: int,
-          meter: StepMeter, wandb) -> None:
+def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
+          wandb) -> None:
     cfg = run.cfg
     shuffle = cfg.dataset != "generated"
     log.banner("Training")
@@ -247,11 +249,11 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
     last_val: tuple[float, float, int] | None = None
     while progress.step < total_steps:
         t_start = time.perf_counter()
-        for micro in epoch_micro_batches(run, data.train, progress, steps_per_epoch, micro_per_step, shuffle):
-            index_in_epoch = progress.step_in_epoch
+        updates = epoch_updates(run, data.train, progress, steps_per_epoch, shuffle)
+        for index_in_epoch in range(progress.step_in_epoch, steps_per_epoch):
             totals = torch.zeros(3, device=run.device)
-            for u in range(cfg.device_iterations):
-                totals += train_step(run, micro[u * run.accumulation:(u + 1) * run.accumulation])
+            for _ in range(cfg.device_iterations):
+                totals += train_step(run, next(updates))
             progress.updates += cfg.device_iterations
             loss_sum, correct, tokens = totals.tolist()  # syncs the device
             t_end = synchronize(run.device)
