@@ -1,0 +1,331 @@
+"""Training throughput of gpt2forge vs `transformers.GPT2LMHeadModel`, side by side in one run.
+
+One training step = forward + loss + backward + optimizer update on one (B, T) batch. Compared:
+
+  ours          gpt2forge as the trainer runs it: `trainer.train_step` on a `torch.compile`d model,
+                fused AdamW from `optim.build_optimizer`, our summed LM loss divided by the tokens
+  transformers  `transformers.GPT2LMHeadModel` (attn_implementation="sdpa"), eager, HF's own loss
+                via `labels=`, `torch.optim.AdamW` with its default implementation flags
+
+Both start from the same seeded weights (ours, copied into HF's layout) and train on the same
+random batch, with the same GPT-2 math (gelu_new, dropout 0.1 as in HF's GPT2Config defaults);
+bf16 is `torch.autocast` with fp32 master weights for both (runtime.autocast).
+
+How it is measured: each implementation runs in its own worker process (one per precision), so
+peak memory is per implementation: on CPU the worker's peak resident set (VmHWM of its own
+address space on Linux, else ru_maxrss; ru_maxrss alone would include the parent's RSS it was
+started from), on CUDA torch.cuda.max_memory_allocated. The parent runs the warm-up steps (the
+first includes torch.compile; reported separately, never timed) one worker at a time, then the
+timed steps interleaved ours, transformers, ours, ... so background load hits both alike.
+tokens/s = B*T / median step time. MFU uses ModelConfig.flops_per_token(T) and
+metrics.device_peak. The target is a ratio (STYLE.md: targets are checked by side-by-side
+benchmarks, never by timed tests); missing it is reported, not an error.
+
+    .venv/bin/python benchmarks/train_throughput.py                      # B=4, T=256, fp32 + bf16
+    .venv/bin/python benchmarks/train_throughput.py --precisions bf16 --steps 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import resource
+import statistics
+import sys
+import time
+import traceback
+
+TARGET = 1.3  # ours / transformers tokens/s, in every precision
+IMPLS = ("ours", "transformers")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch-size", type=int, default=4, help="sequences per step (B)")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (T)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per implementation and precision")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed steps first (the first one compiles ours); at least 1")
+    p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16")
+    p.add_argument("--model", default="gpt2", help="gpt2forge model preset (config/)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--seed", type=int, default=1234, help="seeds the weights, the batch and dropout")
+    p.add_argument("--learning-rate", type=float, default=1e-4, help="AdamW learning rate (both)")
+    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay of matrices (both)")
+    p.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
+    args = p.parse_args(argv)
+    args.precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
+    problems = [f"--{k.replace('_', '-')} must be >= 1" for k in ("batch_size", "seq_len", "steps", "warmup")
+                if getattr(args, k) < 1]
+    problems += [f"--precisions: {x!r} is not one of fp32, bf16, fp16" for x in args.precisions
+                 if x not in ("fp32", "bf16", "fp16")]
+    if not args.precisions:
+        problems.append("--precisions is empty")
+    if problems:
+        p.error("; ".join(problems))
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker process: builds one implementation in one precision and runs steps on command
+# ---------------------------------------------------------------------------------------------
+
+
+def _model_config(name: str, seq_len: int):
+    """The preset with HF GPT2Config's defaults for the knobs that change the math."""
+    import dataclasses
+
+    from gpt2forge.config import ModelConfig
+
+    cfg = dataclasses.replace(ModelConfig.preset(name), activation_function="gelu_new",
+                              resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    cfg.n_positions = seq_len  # as the trainer does for a fresh model (modeling.resolve_model_config)
+    return cfg
+
+
+def _build_ours(args, device, precision, cfg, model):
+    """A `trainer.Run` around the compiled model; returns (step fn, info)."""
+    import torch
+
+    from gpt2forge.optim import build_lr_schedule, build_optimizer
+    from gpt2forge.runtime import LossScaler, maybe_compile
+    from gpt2forge.train_config import TrainConfig
+    from gpt2forge.trainer import Run, train_step
+
+    tcfg = TrainConfig(dataset="generated", model=args.model, max_len=args.seq_len, batch_size=args.batch_size,
+                       seed=args.seed, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
+                       device=str(device), precision=precision, torch_compile="true")
+    optimizer = build_optimizer(model, tcfg.optimizer, tcfg.learning_rate, tcfg.weight_decay,
+                                device_type=device.type)
+    scheduler = build_lr_schedule(optimizer, tcfg.lr_schedule, 1_000_000, 0)
+    scaler = LossScaler(precision == "fp16", tcfg.loss_scaling, tcfg.auto_loss_scaling)
+    forward = maybe_compile(model, tcfg.torch_compile, device, None)
+    run = Run(tcfg, model, forward, optimizer, scheduler, scaler, device, precision, 1)
+
+    def step(batch: torch.Tensor) -> float:
+        loss_sum, _, tokens = train_step(run, [batch]).tolist()  # .tolist() syncs, as the trainer's loop
+        return loss_sum / tokens
+
+    kind = "fused" if optimizer.defaults.get("fused") else "foreach"
+    return step, {"optimizer": f"torch.optim.AdamW ({kind})", "compiled": forward is not model}
+
+
+def _build_transformers(args, device, precision, cfg, model):
+    """HF GPT2LMHeadModel holding our initial weights; returns (step fn, info)."""
+    import torch
+    import transformers
+
+    from gpt2forge.checkpoint import to_hf_state_dict
+    from gpt2forge.optim import param_groups
+    from gpt2forge.runtime import autocast
+
+    hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")
+    hf = transformers.GPT2LMHeadModel(hf_cfg)
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    hf.tie_weights()
+    hf = hf.to(device).train()
+    del model
+    # Same lr / decay split as ours; implementation flags (foreach/fused) left at torch's defaults.
+    optimizer = torch.optim.AdamW(param_groups(hf, args.weight_decay), lr=args.learning_rate,
+                                  betas=(0.9, 0.999), eps=1e-6)
+
+    def step(batch: torch.Tensor) -> float:
+        input_ids = batch[:, :-1]  # (B, T); HF shifts the labels itself
+        with autocast(device, precision):
+            loss = hf(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    foreach = optimizer.defaults.get("foreach")
+    kind = "fused" if optimizer.defaults.get("fused") else ("foreach" if foreach else f"foreach={foreach} (default)")
+    return step, {"optimizer": f"torch.optim.AdamW ({kind})", "compiled": False,
+                  "attn_implementation": hf.config._attn_implementation}
+
+
+def _peak_memory(device) -> tuple[float, str]:
+    """(peak MiB, how it was measured) for this process."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "torch.cuda.max_memory_allocated"
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024, "VmHWM"
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (2**20 if sys.platform == "darwin" else 1024), "ru_maxrss"
+
+
+def worker(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
+    """Serve commands from the parent: ("step", None) -> seconds of one step; ("finish", None) -> memory."""
+    try:
+        import torch
+
+        from gpt2forge.model import GPT2LMHeadModel
+        from gpt2forge.runtime import configure_matmul, resolve_device, synchronize
+
+        device = resolve_device(args.device)
+        configure_matmul(device, precision, half_partials=False)
+        cfg = _model_config(args.model, args.seq_len)
+        model = GPT2LMHeadModel(cfg)
+        model.init_weights(torch.Generator().manual_seed(args.seed))
+        model = model.to(device).train()
+        build = _build_ours if impl == "ours" else _build_transformers
+        step, info = build(args, device, precision, cfg, model)
+        gen = torch.Generator().manual_seed(args.seed)
+        batch = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen).to(device)
+        torch.manual_seed(args.seed)  # dropout
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        conn.send(("ready", {**info, "threads": torch.get_num_threads(), "torch": torch.__version__}))
+        while True:
+            cmd, _ = conn.recv()
+            if cmd == "step":
+                t0 = synchronize(device)
+                loss = step(batch)
+                conn.send(("step", {"seconds": synchronize(device) - t0, "loss": loss}))
+            elif cmd == "finish":
+                mib, how = _peak_memory(device)
+                conn.send(("finish", {"peak_mib": mib, "memory_source": how}))
+                return
+    except BaseException:  # reported to the parent, which exits non-zero
+        conn.send(("error", traceback.format_exc()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent: schedule, interleave, report
+# ---------------------------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, ctx, impl: str, precision: str, args: argparse.Namespace):
+        self.impl = impl
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker, args=(impl, precision, args, child), name=f"{impl}-{precision}")
+        self.proc.start()
+        child.close()
+
+    def ask(self, cmd: str) -> dict:
+        if cmd != "ready":
+            self.conn.send((cmd, None))
+        try:
+            kind, payload = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"{self.impl} worker died (exit code {self.proc.exitcode})") from None
+        if kind == "error":
+            raise RuntimeError(f"{self.impl} worker failed:\n{payload}")
+        return payload
+
+    def close(self) -> None:
+        self.proc.join(timeout=60)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def bench_precision(ctx, precision: str, args: argparse.Namespace, log) -> dict:
+    """Both implementations in `precision`: warm-up one at a time, then interleaved timed steps."""
+    workers: dict[str, Worker] = {}
+    res = {impl: {"warmup_s": [], "step_s": [], "losses": []} for impl in IMPLS}
+    try:
+        for impl in IMPLS:  # start and warm up one at a time, so neither's setup or compile is shared
+            workers[impl] = w = Worker(ctx, impl, precision, args)
+            res[impl].update(w.ask("ready"))
+            for i in range(args.warmup):
+                r = w.ask("step")
+                res[impl]["warmup_s"].append(r["seconds"])
+                res[impl]["losses"].append(r["loss"])
+                log(f"  {precision} {impl:12s} warm-up {i + 1}/{args.warmup}: {r['seconds']:7.2f} s "
+                    f"(loss {r['loss']:.4f})")
+        for i in range(args.steps):  # A, B, A, B, ...
+            for impl, w in workers.items():
+                r = w.ask("step")
+                res[impl]["step_s"].append(r["seconds"])
+                res[impl]["losses"].append(r["loss"])
+                log(f"  {precision} {impl:12s} step {i + 1}/{args.steps}:    {r['seconds']:7.2f} s")
+        for impl, w in workers.items():
+            res[impl].update(w.ask("finish"))
+    finally:
+        for w in workers.values():
+            w.close()
+    return res
+
+
+def summarize(res: dict, precision: str, args: argparse.Namespace, fpt: float, peak: float | None) -> dict:
+    tokens = args.batch_size * args.seq_len
+    for r in res.values():
+        r["median_step_s"] = statistics.median(r["step_s"])
+        r["tokens_per_s"] = tokens / r["median_step_s"]
+        r["mfu"] = r["tokens_per_s"] * fpt / peak if peak else None
+        # First step minus a steady step: torch.compile (ours) or first-touch allocations (eager).
+        r["compile_s"] = max(0.0, r["warmup_s"][0] - r["median_step_s"])
+    ratio = res["ours"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
+    return {"precision": precision, "impls": res, "ratio": ratio, "target_met": ratio >= TARGET,
+            "device_peak_flops": peak}
+
+
+def print_table(summaries: list[dict]) -> None:
+    head = (f"{'precision':9s} {'impl':12s} {'tokens/s':>9s} {'step s':>7s} {'min-max s':>13s} {'MFU':>6s} "
+            f"{'peak MiB':>9s} {'1st step s':>10s} {'compile s':>9s} {'ratio':>6s}")
+    print(head)
+    print("-" * len(head))
+    for s in summaries:
+        for impl, r in s["impls"].items():
+            mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "  n/a"
+            spread = f"{min(r['step_s']):.2f}-{max(r['step_s']):.2f}"
+            ratio = f"{s['ratio']:5.2f}x" if impl == "ours" else ""
+            print(f"{s['precision']:9s} {impl:12s} {r['tokens_per_s']:9.1f} {r['median_step_s']:7.2f} "
+                  f"{spread:>13s} {mfu:>6s} {r['peak_mib']:9.0f} {r['warmup_s'][0]:10.1f} "
+                  f"{r['compile_s']:9.1f} {ratio:>6s}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    t_start = time.perf_counter()
+    args = parse_args(argv)
+    import torch
+
+    from gpt2forge import metrics
+    from gpt2forge.runtime import resolve_device
+
+    device = resolve_device(args.device)
+    cfg = _model_config(args.model, args.seq_len)
+    fpt = cfg.flops_per_token(args.seq_len)
+    print(f"GPT-2 training throughput: model {args.model} ({cfg.num_params() / 1e6:.1f}M params), "
+          f"B={args.batch_size}, T={args.seq_len}, {args.warmup} warm-up + {args.steps} timed steps, "
+          f"device {device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), "
+          f"torch {torch.__version__}")
+    ctx = mp.get_context("spawn")
+    summaries = []
+    for precision in args.precisions:
+        peak = metrics.device_peak(device, precision)
+        res = bench_precision(ctx, precision, args, lambda m: print(m, flush=True))
+        summaries.append(summarize(res, precision, args, fpt, peak))
+    wall = time.perf_counter() - t_start
+
+    print()
+    print_table(summaries)
+    print(f"\nMFU = tokens/s x {fpt / 1e6:.1f} MFLOP/token / device peak; peak memory = "
+          f"{summaries[0]['impls']['ours']['memory_source']} of each worker process; ratio = ours / transformers")
+    for s in summaries:
+        o, t = s["impls"]["ours"], s["impls"]["transformers"]
+        print(f"{s['precision']}: ours {o['tokens_per_s']:.1f} tokens/s, transformers {t['tokens_per_s']:.1f} "
+              f"tokens/s, ratio {s['ratio']:.2f}x (target >= {TARGET}x: {'met' if s['target_met'] else 'NOT met'})")
+    print(f"total benchmark wall time: {wall:.0f} s")
+    if args.json:
+        out = {"args": vars(args), "device": str(device), "torch": torch.__version__, "target": TARGET,
+               "flops_per_token": fpt, "wall_s": wall, "results": summaries}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
