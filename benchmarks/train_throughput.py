@@ -30,10 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import resource
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 
@@ -55,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234, help="seeds the weights, the batch and dropout")
     p.add_argument("--learning-rate", type=float, default=1e-4, help="AdamW learning rate (both)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW decay of matrices (both)")
+    p.add_argument("--warm-compile-cache", action="store_true",
+                   help="let torch.compile reuse its on-disk caches (as a re-run of the trainer does); by default "
+                        "ours compiles into a fresh empty cache directory, so the compile time is a cold one")
     p.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
     args = p.parse_args(argv)
     args.precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
@@ -124,6 +130,7 @@ def _build_transformers(args, device, precision, cfg, model):
 
     hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")
     hf = transformers.GPT2LMHeadModel(hf_cfg)
+    hf.loss_type = "ForCausalLM"  # what HF falls back to anyway, minus its "unrecognized loss_type" warning
     missing, unexpected = hf.load_state_dict(to_hf_state_dict(model), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     hf.tie_weights()
@@ -166,39 +173,56 @@ def _peak_memory(device) -> tuple[float, str]:
 
 
 def worker(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
-    """Serve commands from the parent: ("step", None) -> seconds of one step; ("finish", None) -> memory."""
+    """Process entry: run `_serve`, report any exception to the parent (which exits non-zero)."""
+    cache_dir = None
+    if impl == "ours" and not args.warm_compile_cache:
+        # Read by torch._inductor.config on import, hence before `import torch` (in _serve).
+        cache_dir = tempfile.mkdtemp(prefix="gpt2forge-bench-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     try:
-        import torch
-
-        from gpt2forge.model import GPT2LMHeadModel
-        from gpt2forge.runtime import configure_matmul, resolve_device, synchronize
-
-        device = resolve_device(args.device)
-        configure_matmul(device, precision, half_partials=False)
-        cfg = _model_config(args.model, args.seq_len)
-        model = GPT2LMHeadModel(cfg)
-        model.init_weights(torch.Generator().manual_seed(args.seed))
-        model = model.to(device).train()
-        build = _build_ours if impl == "ours" else _build_transformers
-        step, info = build(args, device, precision, cfg, model)
-        gen = torch.Generator().manual_seed(args.seed)
-        batch = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen).to(device)
-        torch.manual_seed(args.seed)  # dropout
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        conn.send(("ready", {**info, "threads": torch.get_num_threads(), "torch": torch.__version__}))
-        while True:
-            cmd, _ = conn.recv()
-            if cmd == "step":
-                t0 = synchronize(device)
-                loss = step(batch)
-                conn.send(("step", {"seconds": synchronize(device) - t0, "loss": loss}))
-            elif cmd == "finish":
-                mib, how = _peak_memory(device)
-                conn.send(("finish", {"peak_mib": mib, "memory_source": how}))
-                return
-    except BaseException:  # reported to the parent, which exits non-zero
+        _serve(impl, precision, args, conn)
+    except BaseException:
         conn.send(("error", traceback.format_exc()))
+    finally:
+        if cache_dir:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
+    """Build, then answer ("step", None) with one step's times and ("finish", None) with peak memory."""
+    import torch
+
+    from gpt2forge.model import GPT2LMHeadModel
+    from gpt2forge.runtime import configure_matmul, resolve_device, synchronize
+
+    device = resolve_device(args.device)
+    configure_matmul(device, precision, half_partials=False)
+    cfg = _model_config(args.model, args.seq_len)
+    model = GPT2LMHeadModel(cfg)
+    model.init_weights(torch.Generator().manual_seed(args.seed))
+    model = model.to(device).train()
+    build = _build_ours if impl == "ours" else _build_transformers
+    step, info = build(args, device, precision, cfg, model)
+    gen = torch.Generator().manual_seed(args.seed)
+    batch = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen).to(device)
+    torch.manual_seed(args.seed)  # dropout
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    conn.send(("ready", {**info, "threads": torch.get_num_threads(), "torch": torch.__version__}))
+    while True:
+        cmd, _ = conn.recv()
+        if cmd == "step":
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            t0 = synchronize(device)
+            loss = step(batch)
+            t1 = synchronize(device)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+            conn.send(("step", {"seconds": t1 - t0, "cpu_seconds": cpu, "loss": loss}))
+        elif cmd == "finish":
+            mib, how = _peak_memory(device)
+            conn.send(("finish", {"peak_mib": mib, "memory_source": how}))
+            return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +258,7 @@ class Worker:
 def bench_precision(ctx, precision: str, args: argparse.Namespace, log) -> dict:
     """Both implementations in `precision`: warm-up one at a time, then interleaved timed steps."""
     workers: dict[str, Worker] = {}
-    res = {impl: {"warmup_s": [], "step_s": [], "losses": []} for impl in IMPLS}
+    res = {impl: {"warmup_s": [], "step_s": [], "step_cpu_s": [], "losses": []} for impl in IMPLS}
     try:
         for impl in IMPLS:  # start and warm up one at a time, so neither's setup or compile is shared
             workers[impl] = w = Worker(ctx, impl, precision, args)
@@ -249,8 +273,10 @@ def bench_precision(ctx, precision: str, args: argparse.Namespace, log) -> dict:
             for impl, w in workers.items():
                 r = w.ask("step")
                 res[impl]["step_s"].append(r["seconds"])
+                res[impl]["step_cpu_s"].append(r["cpu_seconds"])
                 res[impl]["losses"].append(r["loss"])
-                log(f"  {precision} {impl:12s} step {i + 1}/{args.steps}:    {r['seconds']:7.2f} s")
+                log(f"  {precision} {impl:12s} step {i + 1}/{args.steps}:    {r['seconds']:7.2f} s "
+                    f"(CPU time {r['cpu_seconds']:.2f} s)")
         for impl, w in workers.items():
             res[impl].update(w.ask("finish"))
     finally:
@@ -263,18 +289,19 @@ def summarize(res: dict, precision: str, args: argparse.Namespace, fpt: float, p
     tokens = args.batch_size * args.seq_len
     for r in res.values():
         r["median_step_s"] = statistics.median(r["step_s"])
+        r["median_step_cpu_s"] = statistics.median(r["step_cpu_s"])
         r["tokens_per_s"] = tokens / r["median_step_s"]
         r["mfu"] = r["tokens_per_s"] * fpt / peak if peak else None
-        # First step minus a steady step: torch.compile (ours) or first-touch allocations (eager).
-        r["compile_s"] = max(0.0, r["warmup_s"][0] - r["median_step_s"])
+        # First step minus a steady step: the torch.compile time (None for eager).
+        r["compile_s"] = max(0.0, r["warmup_s"][0] - r["median_step_s"]) if r["compiled"] else None
     ratio = res["ours"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
     return {"precision": precision, "impls": res, "ratio": ratio, "target_met": ratio >= TARGET,
             "device_peak_flops": peak}
 
 
 def print_table(summaries: list[dict]) -> None:
-    head = (f"{'precision':9s} {'impl':12s} {'tokens/s':>9s} {'step s':>7s} {'min-max s':>13s} {'MFU':>6s} "
-            f"{'peak MiB':>9s} {'1st step s':>10s} {'compile s':>9s} {'ratio':>6s}")
+    head = (f"{'precision':9s} {'impl':12s} {'tokens/s':>9s} {'step s':>7s} {'min-max s':>13s} {'CPU s':>6s} "
+            f"{'MFU':>6s} {'peak MiB':>9s} {'1st step s':>10s} {'compile s':>9s} {'ratio':>6s}")
     print(head)
     print("-" * len(head))
     for s in summaries:
@@ -282,9 +309,10 @@ def print_table(summaries: list[dict]) -> None:
             mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "  n/a"
             spread = f"{min(r['step_s']):.2f}-{max(r['step_s']):.2f}"
             ratio = f"{s['ratio']:5.2f}x" if impl == "ours" else ""
+            compile_s = f"{r['compile_s']:9.1f}" if r["compile_s"] is not None else f"{'-':>9s}"
             print(f"{s['precision']:9s} {impl:12s} {r['tokens_per_s']:9.1f} {r['median_step_s']:7.2f} "
-                  f"{spread:>13s} {mfu:>6s} {r['peak_mib']:9.0f} {r['warmup_s'][0]:10.1f} "
-                  f"{r['compile_s']:9.1f} {ratio:>6s}")
+                  f"{spread:>13s} {r['median_step_cpu_s']:6.2f} {mfu:>6s} {r['peak_mib']:9.0f} "
+                  f"{r['warmup_s'][0]:10.1f} {compile_s} {ratio:>6s}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,8 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     from gpt2forge import metrics
     from gpt2forge.runtime import resolve_device
 
-    device = resolve_device(args.device)
-    cfg = _model_config(args.model, args.seq_len)
+    try:
+        device = resolve_device(args.device)
+        cfg = _model_config(args.model, args.seq_len)
+    except ValueError as exc:  # gpt2forge's UsageError: a one-line message for the user
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     fpt = cfg.flops_per_token(args.seq_len)
     print(f"GPT-2 training throughput: model {args.model} ({cfg.num_params() / 1e6:.1f}M params), "
           f"B={args.batch_size}, T={args.seq_len}, {args.warmup} warm-up + {args.steps} timed steps, "
@@ -312,8 +344,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print_table(summaries)
-    print(f"\nMFU = tokens/s x {fpt / 1e6:.1f} MFLOP/token / device peak; peak memory = "
-          f"{summaries[0]['impls']['ours']['memory_source']} of each worker process; ratio = ours / transformers")
+    print(f"\nstep s = median wall time of the interleaved timed steps (tokens/s = B*T / step s); CPU s = its "
+          f"user + system CPU time;\nMFU = tokens/s x {fpt / 1e6:.1f} MFLOP/token / device peak; peak MiB = "
+          f"{summaries[0]['impls']['ours']['memory_source']} of each worker process (compilation included); "
+          f"compile s = first step - step s; ratio = ours / transformers")
     for s in summaries:
         o, t = s["impls"]["ours"], s["impls"]["transformers"]
         print(f"{s['precision']}: ours {o['tokens_per_s']:.1f} tokens/s, transformers {t['tokens_per_s']:.1f} "

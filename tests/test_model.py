@@ -130,3 +130,24 @@ def test_shipped_configs_parse_and_count_parameters(name):
     assert hf_cfg.n_layer == cfg.n_layer and cfg.eos_token_id == 50256
     if name == "gpt2":  # the 124M model (117M in the paper's count)
         assert cfg.num_params() == 124_439_808
+
+
+def test_cpu_attention_dropout_path_equals_sdpa_without_drops():
+    cfg = tiny(attn_pdrop=1e-12)  # the explicit dropout path, but (almost surely) nothing dropped
+    model = ours(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 11))
+    with torch.no_grad():
+        ref = model(ids)  # eval: SDPA
+        model.train()
+        got = model(ids)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_keeps_expectation_and_rate():
+    from gpt2forge.model import Dropout
+    torch.manual_seed(0)
+    drop = Dropout(0.25).train()
+    y = drop(torch.ones(200_000))
+    assert abs(float((y == 0).float().mean()) - 0.25) < 0.01
+    assert abs(float(y.mean()) - 1.0) < 0.02
+    assert torch.equal(drop.eval()(torch.ones(5)), torch.ones(5))
