@@ -183,6 +183,8 @@ def worker(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     try:
         _serve(impl, precision, args, conn)
+    except EOFError:
+        pass  # the parent hung up (it failed or was interrupted): nothing left to report to
     except BaseException:
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -253,6 +255,7 @@ class Worker:
         return payload
 
     def close(self) -> None:
+        self.conn.close()  # a worker still waiting for a command sees EOF and exits
         self.proc.join(timeout=60)
         if self.proc.is_alive():
             self.proc.kill()
