@@ -12,6 +12,7 @@ in bf16/fp16; fp16 adds loss scaling (LossScaler).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import torch
@@ -72,9 +73,8 @@ def configure_matmul(device: torch.device, precision: str, half_partials: bool) 
 
 def maybe_compile(model: torch.nn.Module, mode: str, device: torch.device, cache_dir: str | None):
     """--torch-compile auto (on for CUDA) | true | false. Returns the module to call."""
-    if cache_dir:
-        import os
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir)
+    if cache_dir:  # inductor reads it when it first compiles; the flag wins over the environment
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     enabled = mode == "true" or (mode == "auto" and device.type == "cuda")
     if not enabled:
         return model

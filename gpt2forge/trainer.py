@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import log
 from .checkpoint import load_training_state, save_checkpoint
-from .datasets import IGNORE_INDEX, DataRequest, load_datasets, split_batch
+from .datasets import IGNORE_INDEX, DataRequest, collate, load_datasets, split_batch
 from .errors import UsageError
 from .layout import build_layout, report_layout
 from .metrics import StepMeter, device_peak
-from .model import GPT2LMHeadModel
+from .model import GPT2LMHeadModel, LMLoss
 from .modeling import build_model, maybe_sample
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
 from .runtime import LossScaler, autocast, configure_matmul, maybe_compile, resolve_device, resolve_precision, \
@@ -56,6 +56,11 @@ class Run:
     accumulation: int  # micro-batches per update in this process
 
 
+def _totals(out: LMLoss) -> torch.Tensor:
+    """(3,) fp32: loss sum, correct tokens, scored tokens (detached, for metrics)."""
+    return torch.stack([out.loss_sum.detach().float(), out.correct.float(), out.tokens.float()])
+
+
 def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     """One optimizer update over `micro_batches` ((B, max_len+1) each).
 
@@ -70,7 +75,7 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         with autocast(run.device, run.precision):
             out = run.forward(x, y)
         (out.loss_sum * (run.scaler.scale / denom)).backward()
-        totals += torch.stack([out.loss_sum.detach().float(), out.correct.float(), out.tokens.float()])
+        totals += _totals(out)
     params = [p for g in run.optimizer.param_groups for p in g["params"]]
     finite = run.scaler.unscale_and_check(params)
     if run.cfg.max_grad_norm is not None:
@@ -88,12 +93,12 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
     """Mean token loss, perplexity and token count over a dataset (dropout off)."""
     run.model.eval()
     totals = torch.zeros(3, device=run.device)
-    loader = DataLoader(dataset, batch_size=run.cfg.batch_size, collate_fn=torch.stack)
+    loader = DataLoader(dataset, batch_size=run.cfg.batch_size, collate_fn=collate)
     for batch in loader:
         x, y = split_batch(batch.to(run.device))
         with autocast(run.device, run.precision):
             out = run.model(x, y)  # eager: a compiled no-grad graph would cost a second compilation
-        totals += torch.stack([out.loss_sum.float(), out.correct.float(), out.tokens.float()])
+        totals += _totals(out)
     run.model.train()
     loss = float(totals[0] / totals[2].clamp(min=1))
     return loss, math.exp(min(loss, 50.0)), int(totals[2])
@@ -114,7 +119,7 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
              if shuffle else torch.arange(n))
     used = order[: steps_per_epoch * micro_per_step * B].view(steps_per_epoch, micro_per_step, B)
     batches = used[progress.step_in_epoch:].reshape(-1, B).tolist()
-    loader = DataLoader(dataset, batch_sampler=batches, collate_fn=torch.stack, num_workers=run.cfg.num_workers,
+    loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=run.cfg.num_workers,
                         pin_memory=run.device.type == "cuda", generator=torch.Generator())
     group: list[torch.Tensor] = []
     for batch in loader:
