@@ -80,14 +80,7 @@ def _ipu_only_notices(cfg: TrainConfig) -> None:
     """Flags that are accepted and do nothing on these devices (yet) say so once."""
     if cfg.matmul_proportion is not None:
         log.notice("--matmul-proportion is an IPU memory-planner knob with no equivalent; ignored")
-    if cfg.embedding_serialization_factor > 1 or cfg.enable_sequence_serialized or cfg.remap_logit:
-        log.notice("--embedding-serialization-factor / --enable-sequence-serialized / --remap-logit: "
-                   "the chunked LM head and loss are not implemented yet; the plain loss is used (same math)")
-    if cfg.recompute_checkpoint_every_layer or cfg.recompute_checkpoint_layers:
-        log.notice("--recompute-checkpoint-*: activation checkpointing is not implemented yet; ignored")
     if cfg.replicated_tensor_sharding:
         log.notice("--replicated-tensor-sharding: ZeRO sharding needs several processes; ignored")
-    if cfg.optimizer_state_offchip:
-        log.notice("--optimizer-state-offchip: optimizer offload is not implemented yet; ignored")
     if cfg.async_dataloader:
         log.notice("--async-dataloader: batches are prefetched by DataLoader workers (--num-workers)")

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .lm_head_loss import LossChunking, fused_lm_head_loss
 
 IGNORE_INDEX = -100
 
@@ -93,11 +94,17 @@ class Attention(nn.Module):
             scale /= layer_idx + 1
         self.scale = scale
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv=None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). `kv` (inference only, see gpt2forge.kv_cache) is one layer's
+        preallocated cache: `kv.update(k, v)` stores this call's keys/values and returns all S cached
+        ones (B, n_head, S, hd); `kv.mask` (B, 1, T, S) bool says which of them each query attends to."""
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        if self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
+        if kv is not None:
+            k, v = kv.update(k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=kv.mask, scale=self.scale)
+        elif self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
             # CPU SDPA has no fused kernel with dropout anyway; on CUDA the flash kernel keeps it.
             y = self._attend_with_dropout(q, k, v)
         else:
@@ -138,8 +145,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, kv=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -154,12 +161,15 @@ class Transformer(nn.Module):
         self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        T = input_ids.shape[1]
-        pos = torch.arange(T, device=input_ids.device)
-        x = self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, C)
-        for block in self.h:
-            x = block(x)
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                kv_cache=None) -> torch.Tensor:
+        """input_ids (B, T) -> hidden (B, T, C). position_ids (B, T) default 0..T-1; kv_cache (inference)
+        holds one cache layer per block (see Attention.forward)."""
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        for i, block in enumerate(self.h):
+            x = block(x, None if kv_cache is None else kv_cache[i])
         return self.ln_f(x)
 
 
@@ -180,6 +190,9 @@ class GPT2LMHeadModel(nn.Module):
         self.transformer = Transformer(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight
+        self.fused_loss: LossChunking | None = None
+        """How `forward(ids, labels)` computes the loss: None = full logits + cross-entropy; a
+        LossChunking = the fused chunked LM head + loss (gpt2forge.lm_head_loss), set from outside."""
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
@@ -213,10 +226,15 @@ class GPT2LMHeadModel(nn.Module):
         Without labels: logits (B, T, padded_vocab), padded columns at -inf.
         With labels (B, T, IGNORE_INDEX where not scored): an `LMLoss` of sums over scored tokens.
         """
-        logits = self.logits(self.transformer(input_ids))
+        hidden = self.transformer(input_ids)  # (B, T, C)
         if labels is None:
-            return logits
-        return lm_loss(logits.flatten(0, 1), labels.flatten())
+            return self.logits(hidden)
+        if self.fused_loss is not None:  # the (B*T, V) logits are never materialized
+            loss_sum, correct, tokens = fused_lm_head_loss(hidden.flatten(0, 1), self.lm_head.weight,
+                                                           labels.flatten(), self.config.vocab_size,
+                                                           IGNORE_INDEX, self.fused_loss)
+            return LMLoss(loss_sum, correct, tokens)
+        return lm_loss(self.logits(hidden).flatten(0, 1), labels.flatten())
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> LMLoss:

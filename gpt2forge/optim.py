@@ -81,6 +81,7 @@ def build_optimizer(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-6,
     device_type: str = "cpu",
+    offload: bool = False,
 ) -> torch.optim.Optimizer:
     """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`.
 
@@ -92,6 +93,7 @@ def build_optimizer(
         betas, eps: Adam moment decay rates and denominator epsilon (reference: eps 1e-6).
         device_type: `"cpu"`, `"cuda"`, ...; Adam/AdamW use the fused kernel when the device
             type and every parameter dtype support it, else the foreach implementation.
+        offload: keep the state and run the update in host memory (`OffloadedOptimizer`).
 
     Raises:
         UsageError: unknown `name`, negative `lr` or `weight_decay`.
@@ -103,21 +105,84 @@ def build_optimizer(
     if weight_decay < 0:
         raise UsageError(f"--weight-decay {weight_decay} is negative; pass a value >= 0")
 
+    def make(groups: list[dict], device_type: str) -> torch.optim.Optimizer:
+        if name in ("AdamW", "Adam"):
+            fused = _can_fuse((p for g in groups for p in g["params"]), device_type)
+            # fused and foreach are mutually exclusive in torch; pass exactly one of them.
+            speed = {"fused": True} if fused else {"foreach": True}
+            cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
+            return cls(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **speed)
+        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                    bias_correction=(name == "LAMB"))
+
     groups = param_groups(model, weight_decay)
-    if name in ("AdamW", "Adam"):
-        fused = _can_fuse((p for g in groups for p in g["params"]), device_type)
-        # fused and foreach are mutually exclusive in torch; pass exactly one of them.
-        speed = {"fused": True} if fused else {"foreach": True}
-        cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
-        return cls(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **speed)
-    return Lamb(
-        groups,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        bias_correction=(name == "LAMB"),
-    )
+    if offload:
+        return OffloadedOptimizer(groups, lambda host_groups: make(host_groups, "cpu"))
+    return make(groups, device_type)
+
+
+class OffloadedOptimizer(torch.optim.Optimizer):
+    """An optimizer whose state and update live on `host` while the model lives on its device.
+
+    Each step copies the gradients to fp32 host copies of the parameters, runs the wrapped
+    optimizer there (its state is created on the host), and copies the updated values back. The
+    device then holds only parameters and gradients: for AdamW that saves 8 bytes per parameter
+    (the two moments), the ZeRO-offload use case of training a model bigger than device memory.
+
+    `param_groups`, `state_dict` and `load_state_dict` are the wrapped optimizer's, so LR
+    schedules and checkpoints work unchanged (a checkpoint's optimizer state is host tensors).
+    """
+
+    def __init__(self, params: list[dict], build, host: torch.device = torch.device("cpu")):
+        """params: param groups as for torch.optim; build: groups -> the wrapped optimizer."""
+        self.device_params: list[torch.nn.Parameter] = []
+        host_groups = []
+        pin = torch.cuda.is_available() and host.type == "cpu"
+        for group in params:
+            copies = []
+            for p in group["params"]:
+                h = p.detach().to(host, torch.float32, copy=True)
+                copies.append(torch.nn.Parameter(h.pin_memory() if pin else h))
+                self.device_params.append(p)
+            host_groups.append({**group, "params": copies})
+        self.inner = build(host_groups)
+        self.host_params = [p for g in self.inner.param_groups for p in g["params"]]
+        # Optimizer.__init__ is not called: this object only forwards to `inner`.
+        self.defaults = self.inner.defaults
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "OffloadedOptimizer does not take a closure"
+        for p, h in zip(self.device_params, self.host_params):
+            h.grad = None if p.grad is None else p.grad.to(h.device, torch.float32, non_blocking=True)
+        if any(p.device.type == "cuda" for p in self.device_params):
+            torch.cuda.synchronize()  # the non-blocking copies must land before the host update
+        self.inner.step()
+        for p, h in zip(self.device_params, self.host_params):
+            p.copy_(h, non_blocking=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.device_params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.inner.load_state_dict(state_dict)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,16 +36,24 @@ class TrainConfig:
     custom_ops: bool = opt(True, "load the C++ custom ops library built by `make` when present", kind="bool")
 
     # -- data (§1.2) -----------------------------------------------------------------------------
-    dataset: str | None = opt(None, "data source: generated | pickle (old: --train-path generated|<file.pkl>)",
+    dataset: str | None = opt(None, "data source: generated | pickle | tfrecord | mmap (old: --train-path "
+                              "generated|<file.pkl>|tfrecord|dynamic)",
                               choices=("generated", "pickle", "tfrecord", "mmap"))
-    input_files: list[str] | None = opt(None, "data files: the .pkl for pickle", "--data-prefix",
+    input_files: list[str] | None = opt(None, "data files: the .pkl for pickle, 'DIR/*.tfrecord' (with their "
+                                        ".index files) for tfrecord, PREFIX of PREFIX.bin/.idx for mmap",
+                                        "--data-prefix",
                                         "--tfrecord-path", kind="list_str")
     stride: int = opt(128, "pickle: sliding-window stride in tokens")
     val_num: int = opt(0, "pickle: windows held out for validation (evaluated after each epoch)")
+    split: str = opt("969,30,1", "(new) mmap and tfrecord: train,valid,test weights over documents (mmap) or "
+                     "records (tfrecord), Megatron's --split; valid is evaluated as validation loss")
+    verify: bool = opt(False, "(new) tfrecord: read every record on open and check its CRCs, payload and "
+                       "token ids (mmap data is always checked on open)", kind="bool")
     seed: int = opt(1234, "seeds weights, dropout and data order: CPU runs are bit-reproducible")
     num_workers: int = opt(4, "DataLoader worker processes")
     async_dataloader: bool = opt(False, "background prefetch of batches (pinned memory on CUDA)", kind="bool")
-    enable_sequence_serialized: bool = opt(False, "compute the LM loss in chunks of --serialized-seq-len tokens",
+    enable_sequence_serialized: bool = opt(False, "fused LM loss: chunks of --serialized-seq-len tokens (rows of "
+                                           "the flattened batch) instead of the default ~32 MB of logits",
                                            kind="bool")
     serialized_seq_len: int = opt(128, "token chunk length for --enable-sequence-serialized")
 
@@ -90,12 +98,15 @@ class TrainConfig:
     device_iterations: int = opt(4, "optimizer updates per host (logged) step")
     matmul_proportion: list[float] | None = opt(None, "IPU matmul memory proportion (no equivalent: ignored)",
                                                 kind="list_float")
-    recompute_checkpoint_every_layer: bool = opt(False, "activation checkpointing of every block", kind="bool")
-    recompute_checkpoint_layers: list[int] | None = opt(None, "restrict checkpointing to these block indices",
-                                                        kind="list_int")
-    embedding_serialization_factor: int = opt(1, "split the LM head / loss into this many vocabulary chunks")
-    remap_logit: bool = opt(False, "use the fused LM-head loss custom op", kind="bool")
-    optimizer_state_offchip: bool | None = opt(None, "keep optimizer state in host memory (CUDA)", kind="bool")
+    recompute_checkpoint_every_layer: bool = opt(False, "activation checkpointing of every block (recomputed "
+                                                 "in backward)", kind="bool")
+    recompute_checkpoint_layers: list[int] | None = opt(None, "checkpoint only these block indices", kind="list_int")
+    embedding_serialization_factor: int = opt(1, "fused LM loss: split the vocabulary into this many chunks "
+                                              "(1/F the logits buffer for one extra head matmul)")
+    remap_logit: bool = opt(False, "use the fused LM-head loss (the default already; contradicts --lm-loss plain)",
+                            kind="bool")
+    optimizer_state_offchip: bool | None = opt(None, "keep optimizer state in host memory and update there "
+                                               "(CUDA; on CPU it is there already)", kind="bool")
     replicated_tensor_sharding: bool = opt(False, "shard optimizer state across replicas (ZeRO-1)", kind="bool")
     executable_cache_dir: str | None = opt(None, "torch.compile cache directory (the IPU executable cache)")
     compile_only: bool = opt(False, "compile the training step on generated data, print the time, exit",
@@ -105,7 +116,14 @@ class TrainConfig:
     device: str = opt("auto", "(new) auto | cpu | cuda | cuda:N", )
     torch_compile: str = opt("auto", "(new) torch.compile the model: auto (on CUDA) | true | false",
                              choices=("auto", "true", "false"))
-    eval_every_steps: int | None = opt(None, "(new) evaluate the validation set every N host steps")
+    lm_loss: str = opt("fused", "(new) fused: chunked LM head + loss that never holds the (B*T, V) logits "
+                       "(C++ op when built) | plain: full logits + cross-entropy", choices=("fused", "plain"))
+    eval_every_steps: int | None = opt(None, "(new) evaluate the validation set every N host steps",
+                                       "--eval-steps")
+    eval_wikitext: str | None = opt(None, "(new) WikiText file: log a quick perplexity (first 16 windows of "
+                                    "--max-len tokens) whenever the validation set is evaluated")
+    eval_lambada: str | None = opt(None, "(new) LAMBADA jsonl: log a quick cloze accuracy (first 128 passages, "
+                                   "non-strict) whenever the validation set is evaluated")
     sample_tokens: int = opt(0, "(new) after training, print a sample of this many generated tokens")
     sample_prompt: str = opt("\n", "(new) prompt of that sample")
 
@@ -139,7 +157,7 @@ class TrainConfig:
         if self.dataset in ("pickle", "tfrecord", "mmap") and not self.input_files:
             problems.append(f"--dataset {self.dataset} needs --input-files PATH")
         if self.dataset is None and not self.compile_only:
-            problems.append("--dataset is required: generated | pickle (with --input-files PATH)")
+            problems.append("--dataset is required: generated | pickle | tfrecord | mmap (with --input-files PATH)")
         collect(problems)
 
     # -- derived numbers ---------------------------------------------------------------------------

@@ -8,19 +8,21 @@ and is what the step line, --save-per-steps, --training-steps and --log-steps co
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import time
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from . import log
 from .checkpoint import load_training_state, save_checkpoint
 from .datasets import IGNORE_INDEX, DataRequest, collate, load_datasets, split_batch
 from .errors import UsageError
 from .layout import build_layout, report_layout
+from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
 from .metrics import StepMeter, device_peak
 from .model import GPT2LMHeadModel, LMLoss
 from .modeling import build_model, maybe_sample
@@ -54,6 +56,7 @@ class Run:
     device: torch.device
     precision: str
     accumulation: int  # micro-batches per update in this process
+    quick_eval: Any = None  # evaluation.quick.QuickEval for --eval-wikitext/--eval-lambada, or None
 
 
 def _totals(out: LMLoss) -> torch.Tensor:
@@ -76,7 +79,7 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
             out = run.forward(x, y)
         (out.loss_sum * (run.scaler.scale / denom)).backward()
         totals += _totals(out)
-    params = [p for g in run.optimizer.param_groups for p in g["params"]]
+    params = [p for p in run.model.parameters() if p.requires_grad]  # the device copies, even when offloaded
     finite = run.scaler.unscale_and_check(params)
     if run.cfg.max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
@@ -114,19 +117,37 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
     """
     B = run.cfg.batch_size
     micro_per_step = run.accumulation * run.cfg.device_iterations
-    n = len(dataset)
-    order = (torch.randperm(n, generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))
-             if shuffle else torch.arange(n))
-    used = order[: steps_per_epoch * micro_per_step * B].view(steps_per_epoch, micro_per_step, B)
-    batches = used[progress.step_in_epoch:].reshape(-1, B).tolist()
-    loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=run.cfg.num_workers,
-                        pin_memory=run.device.type == "cuda", generator=torch.Generator())
+    count = steps_per_epoch * micro_per_step * B
+    pin = run.device.type == "cuda"
+    if isinstance(dataset, IterableDataset):
+        # Stream order does not depend on the worker count (protocol in gpt2forge.datasets), so a
+        # resumed run starts at its next block without reading the consumed ones.
+        start = progress.step_in_epoch * micro_per_step
+        stream = dataset.epoch_stream(progress.epoch, B, start)
+        loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.num_workers,
+                            pin_memory=pin, generator=torch.Generator())
+        batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
+    else:
+        if hasattr(dataset, "epoch_indices"):
+            order = dataset.epoch_indices(progress.epoch, count)
+        elif shuffle:
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))
+        else:
+            order = torch.arange(len(dataset))
+        used = order[:count].view(steps_per_epoch, micro_per_step, B)
+        batches = DataLoader(dataset, batch_sampler=used[progress.step_in_epoch:].reshape(-1, B).tolist(),
+                             collate_fn=collate, num_workers=run.cfg.num_workers, pin_memory=pin,
+                             generator=torch.Generator())
     group: list[torch.Tensor] = []
-    for batch in loader:
-        group.append(batch.to(run.device, non_blocking=True))
-        if len(group) == run.accumulation:
-            yield group
-            group = []
+    try:
+        for batch in batches:
+            group.append(batch.to(run.device, non_blocking=True))
+            if len(group) == run.accumulation:
+                yield group
+                group = []
+    except UsageError as exc:
+        # A reader's error raised in a DataLoader worker arrives wrapped in a traceback text.
+        raise UsageError(str(exc).rstrip().splitlines()[-1].split("UsageError: ", 1)[-1]) from None
 
 
 def _rng_state() -> dict[str, Any]:
@@ -204,7 +225,9 @@ def run_training(cfg: TrainConfig) -> int:
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay, device_type=device.type)
+    offload = apply_memory_features(model, cfg, device)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay, device_type=device.type,
+                                offload=offload)
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
     forward = maybe_compile(model, "true" if cfg.compile_only else cfg.torch_compile, device,
@@ -218,7 +241,8 @@ def run_training(cfg: TrainConfig) -> int:
     t0 = time.perf_counter()
     data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
                                      model.config.vocab_size, cfg.seed, cfg.stride, cfg.val_num,
-                                     local_samples_per_step))
+                                     local_samples_per_step, split=cfg.split, epochs=cfg.epochs,
+                                     training_steps=cfg.training_steps, verify=cfg.verify))
     steps_per_epoch = len(data.train) // local_samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
@@ -234,6 +258,11 @@ def run_training(cfg: TrainConfig) -> int:
     warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
     scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
     run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation)
+    if cfg.eval_wikitext or cfg.eval_lambada:
+        from .evaluation.quick import QuickEval
+
+        run.quick_eval = QuickEval(cfg.eval_wikitext, cfg.eval_lambada, cfg.max_len, model.config.vocab_size,
+                                   cfg.batch_size)
     progress = Progress()
     if cfg.resume_training_from_checkpoint:
         _resume(run, ckpt_dir, progress)
@@ -257,14 +286,21 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
         updates = epoch_updates(run, data.train, progress, steps_per_epoch, shuffle)
         for index_in_epoch in range(progress.step_in_epoch, steps_per_epoch):
             totals = torch.zeros(3, device=run.device)
+            data_wait = 0.0  # host seconds blocked on the data loader in this step
             for _ in range(cfg.device_iterations):
-                totals += train_step(run, next(updates))
+                t_wait = time.perf_counter()
+                micro_batches = next(updates)
+                data_wait += time.perf_counter() - t_wait
+                totals += train_step(run, micro_batches)
             progress.updates += cfg.device_iterations
             loss_sum, correct, tokens = totals.tolist()  # syncs the device
             t_end = synchronize(run.device)
             loss, acc = loss_sum / max(tokens, 1), correct / max(tokens, 1)
             lr = run.optimizer.param_groups[0]["lr"]
             samples_s, tokens_s, mfu = meter.rates(t_end - t_start)
+            wait_pct = 100 * data_wait / (t_end - t_start)
+            peak_gib = peak_memory_bytes(run.device) / 2**30
+            reset_peak_memory(run.device)
             t_start = t_end
             epoch = progress.epoch
             progress.step += 1
@@ -276,15 +312,19 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
             last = progress.step >= total_steps
             if progress.step % cfg.log_steps == 0 or last:
                 log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
-                         f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}")
+                         f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}, "
+                         f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%")
             if wandb is not None:
                 wandb.log({"Loss": loss, "Acc": acc, "LR": lr, "Step": progress.step, "Epoch": epoch + 1,
                            "Throughput": samples_s})
-            if data.val is not None and (epoch_done or last or (
-                    cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)):
+            eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
+            if data.val is not None and eval_now:
                 last_val = evaluate(run, data.val)
                 log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
                          f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
+            if run.quick_eval is not None and eval_now:
+                quick = run.quick_eval.run(run.model, run.precision)
+                log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
             name = _checkpoint_name(cfg, progress, epoch_done, last)
             if name:
                 metrics = {"loss": loss, "acc": acc}

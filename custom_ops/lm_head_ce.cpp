@@ -1,0 +1,266 @@
+// gpt2forge::lm_head_ce: the tied LM head and its cross-entropy, fused and chunked.
+//
+// For hidden states h (N, C) and the tied embedding W (V_pad, C), computes the summed
+// cross-entropy of softmax(h @ W[:V].T) against labels (N,), the number of rows whose argmax is
+// the label, and the number of scored rows (label != ignore_index), without ever holding the
+// (N, V) logits: rows go through in chunks of `token_chunk`, the vocabulary in `vocab_chunks`
+// pieces (--enable-sequence-serialized / --serialized-seq-len and
+// --embedding-serialization-factor). When `compute_grad` is set, the same pass also produces the
+// gradients of the loss sum with respect to h and W, so backward only scales them by the
+// incoming gradient and never recomputes the logits.
+//
+// Columns at or above `vocab_size` (the padding of the embedding table) are never computed: they
+// get no probability mass, are never predicted, and their gradient rows stay zero.
+//
+// Precision: the matmuls run in `compute_dtype` (bf16/fp16 under autocast, else the input's
+// dtype); softmax statistics, the loss and the weight gradient accumulate in fp32.
+//
+// The pure-PyTorch reference with the same contract is gpt2forge.lm_head_loss.lm_head_ce_reference:
+// the fallback when this library is not built and the oracle of tests/test_lm_head_loss.py.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace gpt2forge {
+namespace {
+
+// The row loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
+// (the library is built without -march=native so that it runs on every machine).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define GPT2FORGE_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define GPT2FORGE_MULTIVERSION
+#endif
+
+// exp(x) for x <= 0 (arguments are logits minus their row maximum), relative error below 2e-7,
+// in branch-free arithmetic that the compiler vectorizes: x = n ln2 + r with |r| <= ln2/2,
+// exp(r) by a degree-6 polynomial, 2^n by writing the exponent bits.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // below this exp underflows fp32's normal range; the term is ~0
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;  // Cody-Waite: ln2 split into an exact head and a tail
+  r = r - n * -2.12194440e-4f;
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+
+GPT2FORGE_MULTIVERSION
+float row_max(const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// sum_i exp(x_i - shift); when `store`, x_i is replaced by exp(x_i - shift).
+GPT2FORGE_MULTIVERSION
+float exp_sum(float* x, int64_t n, float shift, bool store) {
+  float s = 0.0f;
+  if (store) {
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) {
+      const float e = exp_nonpositive(x[i] - shift);
+      x[i] = e;
+      s += e;
+    }
+  } else {
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += exp_nonpositive(x[i] - shift);
+  }
+  return s;
+}
+
+GPT2FORGE_MULTIVERSION
+void scale(float* x, int64_t n, float a) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+// First index of the maximum, as torch.argmax picks it.
+int64_t first_index_of(const float* x, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] == value) return i;
+  }
+  return 0;  // value is NaN: no index matches
+}
+
+// Running softmax statistics of one row across vocabulary chunks.
+struct RowState {
+  float max = -std::numeric_limits<float>::infinity();
+  float sum = 0.0f;  // sum of exp(logit - max) over the chunks seen
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t argmax = 0;
+  float label_logit = 0.0f;
+};
+
+// Fold the chunk `x` (fp32 logits of columns [v0, v0 + n)) into `st`. With `store_exp`, x is left
+// holding exp(x - chunk max) (the single-chunk case reuses it as the softmax numerator).
+float fold_chunk(RowState& st, float* x, int64_t n, int64_t v0, int64_t label, bool store_exp) {
+  const float m = row_max(x, n);
+  if (m > st.best) {  // strictly greater: earlier chunks win ties, as torch.argmax does
+    st.best = m;
+    st.argmax = v0 + first_index_of(x, n, m);
+  }
+  if (label >= v0 && label < v0 + n) st.label_logit = x[label - v0];
+  if (!std::isfinite(m)) {  // inf/NaN logits (fp16 overflow): poison the row, never hide it
+    st.max = m;
+    st.sum = std::numeric_limits<float>::quiet_NaN();
+    return m;
+  }
+  const float s = exp_sum(x, n, m, store_exp);
+  const float new_max = std::max(st.max, m);
+  st.sum = st.sum * exp_nonpositive(st.max - new_max) + s * exp_nonpositive(m - new_max);
+  st.max = new_max;
+  return m;
+}
+
+void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                  int64_t vocab_size, int64_t ignore_index, int64_t token_chunk,
+                  int64_t vocab_chunks) {
+  TORCH_CHECK_VALUE(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+                    "gpt2forge::lm_head_ce: expected hidden (N, C) and weight (V, C), got ",
+                    hidden.sizes(), " and ", weight.sizes());
+  TORCH_CHECK_VALUE(labels.dim() == 1 && labels.size(0) == hidden.size(0) &&
+                        labels.scalar_type() == at::kLong,
+                    "gpt2forge::lm_head_ce: labels must be int64 of shape (N,)");
+  TORCH_CHECK_VALUE(vocab_size >= 1 && vocab_size <= weight.size(0),
+                    "gpt2forge::lm_head_ce: vocab_size ", vocab_size, " outside [1, ",
+                    weight.size(0), "]");
+  TORCH_CHECK_VALUE(token_chunk >= 1 && vocab_chunks >= 1,
+                    "gpt2forge::lm_head_ce: token_chunk and vocab_chunks must be >= 1");
+  TORCH_CHECK_VALUE(hidden.device().is_cpu() && weight.device().is_cpu() && labels.device().is_cpu(),
+                    "gpt2forge::lm_head_ce: this kernel runs on the CPU");
+  const auto bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab_size));
+  TORCH_CHECK_VALUE(!bad.any().item<bool>(), "gpt2forge::lm_head_ce: a label is outside [0, ",
+                    vocab_size, ") and is not ignore_index ", ignore_index);
+}
+
+// Returns (stats (3,) fp32 = [loss sum, correct, scored], grad_hidden (N, C) like hidden,
+// grad_weight (V_pad, C) fp32); the gradients are empty (0 elements) without compute_grad.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
+    const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+    int64_t vocab_size, int64_t ignore_index, int64_t token_chunk, int64_t vocab_chunks,
+    std::optional<at::ScalarType> compute_dtype, bool compute_grad) {
+  check_inputs(hidden, weight, labels, vocab_size, ignore_index, token_chunk, vocab_chunks);
+  const at::ScalarType cdt = compute_dtype.value_or(hidden.scalar_type());
+  const int64_t N = hidden.size(0), C = hidden.size(1), V = vocab_size;
+  const int64_t vchunk = (V + vocab_chunks - 1) / vocab_chunks;
+  const bool single = vchunk >= V;  // one vocabulary chunk: reuse its logits for the gradient
+
+  const at::Tensor W = weight.narrow(0, 0, V).to(cdt).contiguous();  // (V, C), padding rows dropped
+  const at::Tensor y = labels.contiguous();
+  const int64_t* yp = y.const_data_ptr<int64_t>();
+  at::Tensor grad_hidden = compute_grad ? at::empty_like(hidden) : at::empty({0}, hidden.options());
+  at::Tensor grad_weight = compute_grad ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
+                                        : at::empty({0}, weight.options().dtype(at::kFloat));
+  std::vector<double> row_loss(N, 0.0);
+  std::vector<uint8_t> row_correct(N, 0);
+
+  for (int64_t t0 = 0; t0 < N; t0 += token_chunk) {
+    const int64_t n = std::min(token_chunk, N - t0);
+    const at::Tensor h = hidden.narrow(0, t0, n).to(cdt).contiguous();  // (n, C)
+    std::vector<RowState> st(n);
+    at::Tensor logits;  // (n, vlen) fp32, the last chunk's
+    for (int64_t v0 = 0; v0 < V; v0 += vchunk) {
+      const int64_t vlen = std::min(vchunk, V - v0);
+      logits = at::mm(h, W.narrow(0, v0, vlen).t()).to(at::kFloat).contiguous();
+      float* lp = logits.mutable_data_ptr<float>();
+      at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          fold_chunk(st[i], lp + i * vlen, vlen, v0, yp[t0 + i], single && compute_grad);
+        }
+      });
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t label = yp[t0 + i];
+      if (label == ignore_index) continue;
+      row_loss[t0 + i] = std::log(static_cast<double>(st[i].sum)) + st[i].max - st[i].label_logit;
+      row_correct[t0 + i] = st[i].argmax == label;
+    }
+    if (!compute_grad) continue;
+
+    // d(loss sum)/d(logits) = softmax - onehot(label), zero on ignored rows.
+    at::Tensor gh32 = single ? at::Tensor() : at::zeros({n, C}, hidden.options().dtype(at::kFloat));
+    for (int64_t v0 = 0; v0 < V; v0 += vchunk) {
+      const int64_t vlen = std::min(vchunk, V - v0);
+      const at::Tensor Wv = W.narrow(0, v0, vlen);
+      if (!single) logits = at::mm(h, Wv.t()).to(at::kFloat).contiguous();
+      float* lp = logits.mutable_data_ptr<float>();
+      at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          float* x = lp + i * vlen;
+          const int64_t label = yp[t0 + i];
+          if (label == ignore_index) {
+            std::fill(x, x + vlen, 0.0f);
+            continue;
+          }
+          if (single) {
+            scale(x, vlen, 1.0f / st[i].sum);  // x holds exp(logit - max)
+          } else {
+            exp_sum(x, vlen, st[i].max + std::log(st[i].sum), /*store=*/true);
+          }
+          if (label >= v0 && label < v0 + vlen) x[label - v0] -= 1.0f;
+        }
+      });
+      const at::Tensor d = logits.to(cdt);  // (n, vlen)
+      if (single) {
+        grad_hidden.narrow(0, t0, n).copy_(at::mm(d, Wv));
+      } else {
+        gh32.add_(at::mm(d, Wv));
+      }
+      at::Tensor gw = grad_weight.narrow(0, v0, vlen);  // contiguous rows
+      if (cdt == at::kFloat) {
+        gw.addmm_(d.t(), h);
+      } else {
+        gw.add_(at::mm(d.t(), h));
+      }
+    }
+    if (!single) grad_hidden.narrow(0, t0, n).copy_(gh32);
+  }
+
+  // Sequential sums: the result does not depend on the thread count.
+  double loss_sum = 0.0;
+  int64_t correct = 0, scored = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    loss_sum += row_loss[i];
+    correct += row_correct[i];
+    scored += yp[i] != ignore_index;
+  }
+  at::Tensor stats = at::empty({3}, hidden.options().dtype(at::kFloat));
+  float* sp = stats.mutable_data_ptr<float>();
+  sp[0] = static_cast<float>(loss_sum);
+  sp[1] = static_cast<float>(correct);
+  sp[2] = static_cast<float>(scored);
+  return {stats, grad_hidden, grad_weight};
+}
+
+}  // namespace
+}  // namespace gpt2forge
+
+TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
+  m.def(
+      "lm_head_ce(Tensor hidden, Tensor weight, Tensor labels, int vocab_size, int ignore_index, "
+      "int token_chunk, int vocab_chunks, ScalarType? compute_dtype, bool compute_grad) "
+      "-> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(gpt2forge, CPU, m) {
+  m.impl("lm_head_ce", &gpt2forge::lm_head_ce);
+}
