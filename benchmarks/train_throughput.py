@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="untimed steps first (the first one compiles ours); at least 1")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16")
     p.add_argument("--model", default="gpt2", help="gpt2forge model preset (config/)")
+    p.add_argument("--lm-loss", default="fused", choices=("fused", "plain"),
+                   help="ours: the trainer's --lm-loss (fused: chunked LM head + loss, never the full logits)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--seed", type=int, default=1234, help="seeds the weights, the batch and dropout")
     p.add_argument("--learning-rate", type=float, default=1e-4, help="AdamW learning rate (both)")
@@ -96,6 +98,7 @@ def _build_ours(args, device, precision, cfg, model):
     """A `trainer.Run` around the compiled model; returns (step fn, info)."""
     import torch
 
+    from gpt2forge.memory import apply_memory_features
     from gpt2forge.optim import build_lr_schedule, build_optimizer
     from gpt2forge.runtime import LossScaler, maybe_compile
     from gpt2forge.train_config import TrainConfig
@@ -103,7 +106,8 @@ def _build_ours(args, device, precision, cfg, model):
 
     tcfg = TrainConfig(dataset="generated", model=args.model, max_len=args.seq_len, batch_size=args.batch_size,
                        seed=args.seed, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
-                       device=str(device), precision=precision, torch_compile="true")
+                       device=str(device), precision=precision, torch_compile="true", lm_loss=args.lm_loss)
+    apply_memory_features(model, tcfg, device)  # the trainer's defaults: the fused LM head + loss
     optimizer = build_optimizer(model, tcfg.optimizer, tcfg.learning_rate, tcfg.weight_decay,
                                 device_type=device.type)
     scheduler = build_lr_schedule(optimizer, tcfg.lr_schedule, 1_000_000, 0)
@@ -116,7 +120,8 @@ def _build_ours(args, device, precision, cfg, model):
         return loss_sum / tokens
 
     kind = "fused" if optimizer.defaults.get("fused") else "foreach"
-    return step, {"optimizer": f"torch.optim.AdamW ({kind})", "compiled": forward is not model}
+    return step, {"optimizer": f"torch.optim.AdamW ({kind})", "compiled": forward is not model,
+                  "lm_loss": "fused" if model.fused_loss is not None else "plain"}
 
 
 def _build_transformers(args, device, precision, cfg, model):

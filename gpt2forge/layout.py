@@ -72,15 +72,15 @@ def report_layout(layout: Layout, cfg: TrainConfig) -> int:
         log.notice(f"--replication-factor {layout.replicas} with {layout.world_size} process(es): "
                    f"gradient accumulation {cfg.gradient_accumulation} x {factor} = {accumulation} keeps the "
                    f"global batch of {cfg.samples_per_update} sequences")
-    _ipu_only_notices(cfg)
+    _ipu_only_notices(cfg, layout.world_size)
     return accumulation
 
 
-def _ipu_only_notices(cfg: TrainConfig) -> None:
+def _ipu_only_notices(cfg: TrainConfig, world_size: int) -> None:
     """Flags that are accepted and do nothing on these devices (yet) say so once."""
     if cfg.matmul_proportion is not None:
         log.notice("--matmul-proportion is an IPU memory-planner knob with no equivalent; ignored")
-    if cfg.replicated_tensor_sharding:
-        log.notice("--replicated-tensor-sharding: ZeRO sharding needs several processes; ignored")
+    if cfg.replicated_tensor_sharding and world_size == 1:
+        log.notice("--replicated-tensor-sharding: one replica process, nothing to shard (launch with torchrun)")
     if cfg.async_dataloader:
         log.notice("--async-dataloader: batches are prefetched by DataLoader workers (--num-workers)")

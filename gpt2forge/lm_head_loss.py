@@ -142,8 +142,7 @@ def _(hidden, weight, labels, vocab_size, ignore_index, token_chunk, vocab_chunk
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    hidden, weight = inputs[0], inputs[1]
-    ctx.weight_dtype = weight.dtype
+    ctx.weight_dtype = inputs[1].dtype  # (hidden, weight, labels, ...)
     ctx.save_for_backward(output[1], output[2])
 
 

@@ -82,6 +82,7 @@ def build_optimizer(
     eps: float = 1e-6,
     device_type: str = "cpu",
     offload: bool = False,
+    shard: bool = False,
 ) -> torch.optim.Optimizer:
     """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`.
 
@@ -94,6 +95,7 @@ def build_optimizer(
         device_type: `"cpu"`, `"cuda"`, ...; Adam/AdamW use the fused kernel when the device
             type and every parameter dtype support it, else the foreach implementation.
         offload: keep the state and run the update in host memory (`OffloadedOptimizer`).
+        shard: shard the state across the data-parallel ranks (ZeRO-1, needs torch.distributed).
 
     Raises:
         UsageError: unknown `name`, negative `lr` or `weight_decay`.
@@ -106,14 +108,19 @@ def build_optimizer(
         raise UsageError(f"--weight-decay {weight_decay} is negative; pass a value >= 0")
 
     def make(groups: list[dict], device_type: str) -> torch.optim.Optimizer:
+        kwargs = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         if name in ("AdamW", "Adam"):
             fused = _can_fuse((p for g in groups for p in g["params"]), device_type)
             # fused and foreach are mutually exclusive in torch; pass exactly one of them.
-            speed = {"fused": True} if fused else {"foreach": True}
+            kwargs.update({"fused": True} if fused else {"foreach": True})
             cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
-            return cls(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **speed)
-        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                    bias_correction=(name == "LAMB"))
+        else:
+            cls, kwargs["bias_correction"] = Lamb, name == "LAMB"
+        if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            return ZeroRedundancyOptimizer(groups, optimizer_class=cls, **kwargs)
+        return cls(groups, **kwargs)
 
     groups = param_groups(model, weight_decay)
     if offload:

@@ -7,6 +7,7 @@ and is what the step line, --save-per-steps, --training-steps and --log-steps co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -20,6 +21,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from . import log
 from .checkpoint import load_training_state, save_checkpoint
 from .datasets import IGNORE_INDEX, DataRequest, collate, load_datasets, split_batch
+from .distributed import DistEnv, all_reduce_sum, barrier, check_world, device_for, env_from_launcher, \
+    full_optimizer_state, init_process_group, shutdown, wrap_data_parallel
 from .errors import UsageError
 from .layout import build_layout, report_layout
 from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
@@ -57,6 +60,8 @@ class Run:
     precision: str
     accumulation: int  # micro-batches per update in this process
     quick_eval: Any = None  # evaluation.quick.QuickEval for --eval-wikitext/--eval-lambada, or None
+    dist_env: DistEnv = DistEnv()  # this process's rank among the data-parallel replicas
+    ddp: Any = None  # the DistributedDataParallel wrapper when running several processes
 
 
 def _totals(out: LMLoss) -> torch.Tensor:
@@ -71,14 +76,19 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     token counts, so padding does not skew it). Returns a (3,) tensor: loss sum, correct, tokens.
     """
     pairs = [split_batch(b) for b in micro_batches]
-    tokens = torch.stack([(y != IGNORE_INDEX).sum() for _, y in pairs]).sum()
-    denom = tokens.clamp(min=1).float()
+    tokens = torch.stack([(y != IGNORE_INDEX).sum() for _, y in pairs]).sum().float()
+    # Over all replicas; DDP averages gradients, so world_size / global tokens gives sum / global tokens.
+    denom = all_reduce_sum(tokens).clamp(min=1)
+    scale = run.scaler.scale * run.dist_env.world_size / denom
     totals = torch.zeros(3, device=run.device)
-    for x, y in pairs:
-        with autocast(run.device, run.precision):
+    for i, (x, y) in enumerate(pairs):
+        # Gradients are all-reduced once per update, during the last micro-batch's backward.
+        sync = run.ddp is None or i == len(pairs) - 1
+        with autocast(run.device, run.precision), (contextlib.nullcontext() if sync else run.ddp.no_sync()):
             out = run.forward(x, y)
-        (out.loss_sum * (run.scaler.scale / denom)).backward()
+            (out.loss_sum * scale).backward()
         totals += _totals(out)
+    all_reduce_sum(totals)
     params = [p for p in run.model.parameters() if p.requires_grad]  # the device copies, even when offloaded
     finite = run.scaler.unscale_and_check(params)
     if run.cfg.max_grad_norm is not None:
@@ -96,6 +106,9 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
     """Mean token loss, perplexity and token count over a dataset (dropout off)."""
     run.model.eval()
     totals = torch.zeros(3, device=run.device)
+    env = run.dist_env
+    if env.enabled and not isinstance(dataset, IterableDataset):  # each replica scores its share
+        dataset = torch.utils.data.Subset(dataset, range(env.rank, len(dataset), env.world_size))
     loader = DataLoader(dataset, batch_size=run.cfg.batch_size, collate_fn=collate)
     for batch in loader:
         x, y = split_batch(batch.to(run.device))
@@ -103,6 +116,7 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
             out = run.model(x, y)  # eager: a compiled no-grad graph would cost a second compilation
         totals += _totals(out)
     run.model.train()
+    all_reduce_sum(totals)
     loss = float(totals[0] / totals[2].clamp(min=1))
     return loss, math.exp(min(loss, 50.0)), int(totals[2])
 
@@ -128,13 +142,18 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
                             pin_memory=pin, generator=torch.Generator())
         batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
     else:
+        env = run.dist_env
+        count *= env.world_size  # every replica draws from one global order
         if hasattr(dataset, "epoch_indices"):
             order = dataset.epoch_indices(progress.epoch, count)
         elif shuffle:
             order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))
         else:
             order = torch.arange(len(dataset))
-        used = order[:count].view(steps_per_epoch, micro_per_step, B)
+        # (step, update, replica, micro-batches of the update): replica r takes its own slice of every
+        # update, so the union over replicas is what one process with all the accumulation would see.
+        used = order[:count].view(steps_per_epoch, run.cfg.device_iterations, env.world_size, -1)[:, :, env.rank]
+        used = used.reshape(steps_per_epoch, micro_per_step, B)
         batches = DataLoader(dataset, batch_sampler=used[progress.step_in_epoch:].reshape(-1, B).tolist(),
                              collate_fn=collate, num_workers=run.cfg.num_workers, pin_memory=pin,
                              generator=torch.Generator())
@@ -165,22 +184,33 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
-    """The one place checkpoints are written (rank 0)."""
+    """The one place checkpoints are written (rank 0; every rank joins the ZeRO-1 state gathering)."""
+    optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
+    if not run.dist_env.is_main:
+        barrier()  # wait until rank 0 has written it
+        return
     state = {
         "progress": dataclasses.asdict(progress),
-        "optimizer": run.optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "lr_scheduler": run.scheduler.state_dict(),
         "loss_scaler": run.scaler.state_dict(),
         "rng": _rng_state(),
         "metrics": metrics,
     }
     path = save_checkpoint(run.cfg.checkpoint_output_dir, name, run.model, state, run.cfg.to_dict(),
-                           extra_files=tokenizer_files(run.model.config.vocab_size))
+                           extra_files=tokenizer_files(run.model.config.vocab_size,
+                                                       run.cfg.tokenizer_name_or_path))
     log.info(f"saved checkpoint {path}")
+    barrier()
 
 
-def tokenizer_files(vocab_size: int) -> dict:
-    """The GPT-2 BPE files (HF vocab.json/merges.txt) to ship inside a checkpoint, when they apply."""
+def tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:
+    """The tokenizer files to ship inside a checkpoint: --tokenizer-name-or-path's when given, else
+    the GPT-2 BPE files (HF vocab.json/merges.txt) when they apply."""
+    if tokenizer_path:
+        from .tokenizer import tokenizer_files as files_of
+
+        return files_of(tokenizer_path)
     files = {f: asset_dir() / f for f in (VOCAB_FILE, MERGES_FILE)}
     if vocab_size != 50257 or not all(p.is_file() for p in files.values()):
         return {}
@@ -214,39 +244,56 @@ def _resume(run: Run, ckpt_dir, progress: Progress) -> None:
 
 def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
+    env = env_from_launcher()
+    check_world(env, cfg.replication_factor)  # before any process group work
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    device = resolve_device(cfg.device)
+    device = device_for(env, resolve_device(cfg.device))
     precision = resolve_precision(cfg.precision, device)
     configure_matmul(device, precision, cfg.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device)
-    layout = build_layout(cfg, model.config.n_layer)
+    layout = build_layout(cfg, model.config.n_layer, env.world_size)
     accumulation = report_layout(layout, cfg)
+    init_process_group(env, device)
+    try:
+        return _train(cfg, env, device, precision, model, ckpt_dir, accumulation)
+    finally:
+        shutdown()
+
+
+def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str, model: GPT2LMHeadModel,
+           ckpt_dir, accumulation: int) -> int:
+    torch.manual_seed(cfg.seed + env.rank)  # same initial weights everywhere, different dropout per replica
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
     offload = apply_memory_features(model, cfg, device)
+    shard = cfg.replicated_tensor_sharding and env.enabled
+    if offload and shard:
+        raise UsageError("--optimizer-state-offchip with --replicated-tensor-sharding is not supported yet; "
+                         "drop one of them")
     optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay, device_type=device.type,
-                                offload=offload)
+                                offload=offload, shard=shard)
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
-    forward = maybe_compile(model, "true" if cfg.compile_only else cfg.torch_compile, device,
+    ddp = wrap_data_parallel(model, env, device)
+    forward = maybe_compile(ddp, "true" if cfg.compile_only else cfg.torch_compile, device,
                             cfg.executable_cache_dir)
     if cfg.compile_only:
         return _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation)
 
     micro_per_step = accumulation * cfg.device_iterations
-    local_samples_per_step = micro_per_step * cfg.batch_size
+    samples_per_step = micro_per_step * cfg.batch_size * env.world_size  # = cfg.samples_per_step
     log.banner("Loading data")
     t0 = time.perf_counter()
     data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
                                      model.config.vocab_size, cfg.seed, cfg.stride, cfg.val_num,
-                                     local_samples_per_step, split=cfg.split, epochs=cfg.epochs,
+                                     samples_per_step, split=cfg.split, epochs=cfg.epochs,
                                      training_steps=cfg.training_steps, verify=cfg.verify))
-    steps_per_epoch = len(data.train) // local_samples_per_step
+    steps_per_epoch = len(data.train) // samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
-                         f"({local_samples_per_step}); reduce --batch-size, --gradient-accumulation or "
+                         f"({samples_per_step}); reduce --batch-size, --gradient-accumulation or "
                          "--device-iterations, or add data")
     total_steps = cfg.training_steps or cfg.epochs * steps_per_epoch
     log.info(f"Samples per epoch: {len(data.train)}")
@@ -257,7 +304,8 @@ def run_training(cfg: TrainConfig) -> int:
     decay = cfg.lr_decay_steps or total_updates
     warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
     scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
-    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation)
+    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation,
+              dist_env=env, ddp=ddp if env.enabled else None)
     if cfg.eval_wikitext or cfg.eval_lambada:
         from .evaluation.quick import QuickEval
 

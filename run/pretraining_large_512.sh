@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# gpt2-large pretraining with the reference's POD16 layout (GPT-2 large, 762M, SL 512). Runs anywhere: stages are co-located
-# and missing replicas become gradient accumulation until pipeline/data parallelism is launched
-# with torchrun. Extra flags are passed through, e.g. --training-steps 10 --device cuda.
+# gpt2-large pretraining with the reference's POD16 layout (GPT-2 large, 762M, SL 512). Runs anywhere: launched with
+# torchrun (NPROC_PER_NODE processes, one per replica/GPU); stages run co-located in each process and replicas
+# without a process become gradient accumulation. Extra flags pass through, e.g. --training-steps 10 --device cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-exec "$PY" train_gpt2.py \
+source run/launch.sh  # torchrun: NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR
+launch train_gpt2.py \
     --model gpt2-large \
     --max-len 512 \
     --optimizer AdamW \

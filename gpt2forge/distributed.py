@@ -1,0 +1,118 @@
+"""torch.distributed for the trainer: process group, data-parallel wrapping, ZeRO-1, collectives.
+
+Launch with torchrun where the reference used PopRun: each process is one data-parallel replica
+(`--replication-factor`), NCCL on GPUs, gloo on CPUs. Without torchrun (no WORLD_SIZE in the
+environment) everything here is a no-op and the run is single-process.
+
+Same math as one process: every update averages the gradient over all scored tokens of the global
+batch. Each replica scales its summed loss by world_size / (global scored tokens), and DDP's mean
+all-reduce turns that into exactly sum / global tokens. Replicas that have no process of their own
+become extra gradient accumulation (layout.report_layout), so the global batch never changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import log
+from .errors import UsageError
+
+TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
+"""Collective timeout: a rank that died makes the others fail after this, never hang forever."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job (torchrun's RANK, LOCAL_RANK, WORLD_SIZE)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_from_launcher() -> DistEnv:
+    """Read torchrun's variables; a single process when they are absent."""
+    try:
+        return DistEnv(int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")),
+                       int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError as exc:
+        raise UsageError(f"RANK / LOCAL_RANK / WORLD_SIZE must be integers (launch with torchrun): {exc}") from None
+
+
+def check_world(env: DistEnv, replication_factor: int) -> None:
+    """A layout that does not fit the processes is refused before any process group work."""
+    if not env.enabled:
+        return
+    if replication_factor % env.world_size:
+        raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {env.world_size} "
+                         "processes torchrun started; start a number of processes that divides it "
+                         "(missing replicas become gradient accumulation)")
+
+
+def init_process_group(env: DistEnv, device: torch.device) -> None:
+    """Join the process group (NCCL on CUDA, gloo otherwise) with a finite timeout."""
+    if not env.enabled or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if device.type == "cuda" else None)
+    log.info(f"Distributed: {env.world_size} processes, backend {backend}")
+
+
+def device_for(env: DistEnv, device: torch.device) -> torch.device:
+    """One GPU per local rank on CUDA; CPU processes share the CPU."""
+    if device.type == "cuda" and env.enabled:
+        return torch.device("cuda", env.local_rank)
+    return device
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_data_parallel(model: torch.nn.Module, env: DistEnv, device: torch.device) -> torch.nn.Module:
+    """DDP around the model (gradient all-reduce overlapped with backward); the model itself otherwise."""
+    if not env.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True)
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer, env: DistEnv) -> dict | None:
+    """The optimizer's state dict as one process would hold it; on every rank a collective for ZeRO-1.
+    Returns None on ranks other than 0 when the state is sharded."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if env.is_main else None
+    return optimizer.state_dict()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks, in place; returns t (a no-op in one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,100 @@
+"""Data parallelism over torch.distributed (gloo on CPU, launched with torchrun): the same losses as
+one process with the same global batch, ZeRO-1, checkpoints that resume under another layout, the
+launcher scripts, and layout errors before any process group work."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.distributed.run import get_args_parser
+
+from gpt2forge.distributed import DistEnv, check_world
+from gpt2forge.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+STEP = re.compile(r"^(step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+),")
+
+
+@pytest.fixture()
+def tiny_config(tmp_path) -> Path:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 96, "n_positions": 32, "n_embd": 32,
+                                "n_layer": 2, "n_head": 2, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                "attn_pdrop": 0.0}))
+    return path
+
+
+def args(cfg: Path, *extra: str) -> list[str]:
+    return ["train_gpt2.py", "--model-config", str(cfg), "--dataset", "generated", "--max-len", "16",
+            "--batch-size", "2", "--gradient-accumulation", "2", "--device-iterations", "1", "--training-steps",
+            "4", "--num-workers", "0", "--learning-rate", "3e-3", "--lr-schedule", "cosine", "--optimizer", "LAMB",
+            "--max-grad-norm", "1.0", "--replication-factor", "2", "--replicated-tensor-sharding", "true", *extra]
+
+
+def run(argv: list[str], nproc: int = 1) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["OMP_NUM_THREADS"] = "1"
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
+    proc = subprocess.run([sys.executable, *launcher, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [m.group(1) for line in proc.stdout.splitlines() if (m := STEP.match(line))]
+
+
+def test_two_replicas_with_zero1_equal_one_process_and_resume_in_another_layout(tiny_config, tmp_path):
+    # One process: the 2 replicas become gradient accumulation 2 x 2 (same global batch of 8).
+    single = run(args(tiny_config))
+    assert len(single) == 4
+    # Two processes (DDP + ZeRO-1 sharded LAMB state), checkpoint after step 2.
+    ckpt = tmp_path / "dp"
+    dp = run(args(tiny_config, "--checkpoint-output-dir", str(ckpt), "--save-per-steps", "2"), nproc=2)
+    assert dp == single
+    # Resume the 2-process run's checkpoint in one process: the same optimization continues.
+    resumed = run(args(tiny_config, "--checkpoint-input-dir", str(ckpt / "step_2"),
+                       "--resume-training-from-checkpoint", "true"))
+    assert resumed == single[2:]
+
+
+def test_layout_that_does_not_divide_the_world_is_refused_before_process_groups():
+    check_world(DistEnv(0, 0, 1), 3)  # one process: replicas become accumulation
+    check_world(DistEnv(1, 1, 2), 4)
+    with pytest.raises(UsageError, match="--replication-factor 3 is not a multiple of the 2 processes"):
+        check_world(DistEnv(0, 0, 2), 3)
+
+
+def test_bad_world_exits_2_with_one_line(tiny_config):
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "1"}  # nothing listens there: reaching process-group setup would hang or fail
+    argv = args(tiny_config)
+    argv[argv.index("--replication-factor") + 1] = "3"
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --replication-factor 3 is not a multiple")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, ["--standalone", "--nproc_per_node", "1"]),
+    ({"NPROC_PER_NODE": "4"}, ["--standalone", "--nproc_per_node", "4"]),
+    ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "NPROC_PER_NODE": "8"},
+     ["--nnodes", "2", "--node_rank", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400",
+      "--rdzv_id", "gpt2forge", "--nproc_per_node", "8"]),
+])
+def test_launcher_builds_a_torchrun_command_that_torchrun_parses(env, expected):
+    clean = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")}
+    out = subprocess.run(["bash", "-c", "source run/launch.sh; launch train_gpt2.py --model gpt2"], cwd=ROOT,
+                         env={**clean, "PYTHON": "echo", **env}, capture_output=True, text=True, check=True).stdout
+    argv = out.split()
+    assert argv[:2] == ["-m", "torch.distributed.run"] and argv[2:-3] == expected
+    parsed = get_args_parser().parse_args(argv[2:])
+    assert parsed.training_script == "train_gpt2.py" and parsed.training_script_args == ["--model", "gpt2"]
+
+
+def test_every_pretraining_script_uses_the_launcher():
+    for script in sorted((ROOT / "run").glob("pretraining_*.sh")):
+        text = script.read_text()
+        assert "source run/launch.sh" in text and "launch train_gpt2.py" in text, script.name
