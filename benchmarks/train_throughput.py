@@ -100,7 +100,7 @@ def _build_ours(args, device, precision, cfg, model):
 
     from gpt2forge.memory import apply_memory_features
     from gpt2forge.optim import build_lr_schedule, build_optimizer
-    from gpt2forge.runtime import LossScaler, maybe_compile
+    from gpt2forge.runtime import LossScaler, configure_host_allocator, maybe_compile
     from gpt2forge.train_config import TrainConfig
     from gpt2forge.trainer import Run, train_step
 
@@ -108,6 +108,8 @@ def _build_ours(args, device, precision, cfg, model):
                        seed=args.seed, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
                        device=str(device), precision=precision, torch_compile="true", lm_loss=args.lm_loss)
     apply_memory_features(model, tcfg, device)  # the trainer's defaults: the fused LM head + loss
+    if device.type == "cpu":
+        configure_host_allocator()  # as the trainer does (a no-op when MALLOC_MMAP_MAX_ is set)
     optimizer = build_optimizer(model, tcfg.optimizer, tcfg.learning_rate, tcfg.weight_decay,
                                 device_type=device.type)
     scheduler = build_lr_schedule(optimizer, tcfg.lr_schedule, 1_000_000, 0)

@@ -33,6 +33,10 @@ def resolve_model_config(cfg: TrainConfig) -> tuple[ModelConfig, Path | None]:
         return mcfg, ckpt
     mcfg = ModelConfig.from_json(cfg.model_config) if cfg.model_config else ModelConfig.preset(cfg.model)
     mcfg.n_positions = cfg.max_len
+    if cfg.tokenizer_name_or_path:  # the data's tokenizer sets the vocabulary of a fresh model
+        from .tokenizer import load_tokenizer
+
+        mcfg.vocab_size = load_tokenizer(cfg.tokenizer_name_or_path).vocab_size
     return mcfg, None
 
 
@@ -54,7 +58,7 @@ def maybe_sample(cfg: TrainConfig, model: GPT2LMHeadModel, device: torch.device)
         return
     from .tokenizer import load_tokenizer
 
-    tok = load_tokenizer()
+    tok = load_tokenizer(cfg.tokenizer_name_or_path)
     if model.config.vocab_size != tok.vocab_size:
         log.notice(f"no sample: the model's vocabulary ({model.config.vocab_size}) is not the GPT-2 BPE's")
         return

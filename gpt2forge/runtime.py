@@ -3,8 +3,11 @@
 Order in which the trainer applies things to a model (documented once, here):
   1. build on CPU and initialise/load weights        (model.py, checkpoint.py)
   2. move to the device                              (resolve_device)
-  3. activation checkpointing / stage placement      (later issues: layout.py)
-  4. torch.compile                                   (maybe_compile)
+  3. loss implementation, activation checkpointing  (memory.apply_memory_features)
+  4. data-parallel wrapper                           (distributed.wrap_data_parallel)
+  5. torch.compile                                   (maybe_compile)
+On CPU, configure_host_allocator keeps freed training buffers in the process instead of
+returning them to the OS each step.
 Precision is not a model property: weights stay fp32 (master copy) and autocast runs the matmuls
 in bf16/fp16; fp16 adds loss scaling (LossScaler).
 """
@@ -12,13 +15,39 @@ in bf16/fp16; fp16 adds loss scaling (LossScaler).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
+import sys
 import time
 
 import torch
 
 from . import log
 from .errors import UsageError
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+
+
+def configure_host_allocator() -> bool:
+    """Keep freed memory in the process (glibc): no mmap for large blocks, no trimming.
+
+    A training step frees and re-allocates the same large activation buffers every step; by
+    default glibc serves blocks over 32 MB-ish with mmap and returns them on free, so each step
+    pays page faults to zero fresh pages again. This is what MALLOC_MMAP_MAX_=0
+    MALLOC_TRIM_THRESHOLD_=<huge> do, applied from inside (the environment wins when set). The
+    price: the resident set stays at its peak. Returns whether it was applied (glibc only).
+    """
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_MAX_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc (musl, ...)
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def resolve_device(name: str) -> torch.device:

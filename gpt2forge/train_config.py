@@ -43,6 +43,10 @@ class TrainConfig:
                                         ".index files) for tfrecord, PREFIX of PREFIX.bin/.idx for mmap",
                                         "--data-prefix",
                                         "--tfrecord-path", kind="list_str")
+    tokenizer_name_or_path: str | None = opt(None, "(new) local tokenizer folder the data was made with "
+                                             "(data/train_tokenizer.py output: tokenizer.json, or vocab.json + "
+                                             "merges.txt); a fresh model takes its vocab_size and checkpoints "
+                                             "ship its files; default: GPT-2's BPE")
     stride: int = opt(128, "pickle: sliding-window stride in tokens")
     val_num: int = opt(0, "pickle: windows held out for validation (evaluated after each epoch)")
     split: str = opt("969,30,1", "(new) mmap and tfrecord: train,valid,test weights over documents (mmap) or "

@@ -30,8 +30,8 @@ from .metrics import StepMeter, device_peak
 from .model import GPT2LMHeadModel, LMLoss
 from .modeling import build_model, maybe_sample
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
-from .runtime import LossScaler, autocast, configure_matmul, maybe_compile, resolve_device, resolve_precision, \
-    synchronize
+from .runtime import LossScaler, autocast, configure_host_allocator, configure_matmul, maybe_compile, \
+    resolve_device, resolve_precision, synchronize
 from .train_config import TrainConfig
 from .vocab import MERGES_FILE, VOCAB_FILE, asset_dir
 
@@ -249,6 +249,8 @@ def run_training(cfg: TrainConfig) -> int:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     device = device_for(env, resolve_device(cfg.device))
+    if device.type == "cpu":
+        configure_host_allocator()
     precision = resolve_precision(cfg.precision, device)
     configure_matmul(device, precision, cfg.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device)

@@ -69,3 +69,18 @@ def test_reduced_precision_training_runs_on_cpu(precision, tmp_path, capsys):
     losses = [float(line.split("loss: ")[1].split(",")[0]) for line in capsys.readouterr().out.splitlines()
               if line.startswith("step ")]
     assert len(losses) == 8 and all(l == l and l < 10 for l in losses)  # finite, not NaN
+
+
+def test_host_allocator_setting_applies_once_and_yields_to_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    code = "from gpt2forge.runtime import configure_host_allocator as c; print(c())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    applied = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    expected = "True" if sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") else "False"
+    assert applied.stdout.strip() == expected
+    env["MALLOC_MMAP_MAX_"] = "65536"  # the user's own setting wins
+    kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert kept.stdout.strip() == "False"

@@ -1,0 +1,29 @@
+"""Loose JSON -> Megatron indexed dataset, with Megatron-LM's flags (see --help).
+
+    python data/preprocess_data.py --input my-corpus.json --output-prefix my-gpt2 \
+        --vocab gpt2-vocab.json --dataset-impl mmap --tokenizer-type GPT2BPETokenizer \
+        --merge-file gpt2-merges.txt --append-eod --workers 8
+
+writes my-gpt2_text_document.{bin,idx}. Logic: gpt2forge/preprocess/megatron.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as `python data/preprocess_data.py` from a plain checkout (no pip install needed).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpt2forge.errors import cli_main  # noqa: E402
+from gpt2forge.preprocess.megatron import build_parser, preprocess_data  # noqa: E402
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    preprocess_data(build_parser().parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Parallel tokenization with bounded memory: chunks of documents in, token arrays out, in order.
+
+The parent process reads the input (cheap: it only splits lines) and groups records into chunks of
+at most `chunk_docs` documents or `chunk_bytes` bytes. Worker processes (each loads its tokenizer
+once, in its initializer, and runs on one core) parse and tokenize a whole chunk with the
+tokenizer's batch encoder and return one flat token array plus per-document sizes. At most
+`2 * workers + 2` chunks are in flight, so memory stays bounded whatever the input size, and
+results come back in input order, so the output does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing as mp
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, NamedTuple
+
+import numpy as np
+
+from gpt2forge.errors import UsageError
+from gpt2forge.tokenizer import load_bpe_files, load_tokenizer, worker_environment
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """How a process loads the tokenizer: `path` for load_tokenizer (None = GPT-2), or a
+    `vocab_file` + `merge_file` pair (Megatron's flags). Picklable, so workers load their own."""
+
+    path: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+
+    def load(self):
+        if self.vocab_file or self.merge_file:
+            if not (self.vocab_file and self.merge_file):
+                raise UsageError("--vocab-file and --merge-file go together; pass both")
+            return load_bpe_files(self.vocab_file, self.merge_file)
+        return load_tokenizer(self.path)
+
+
+class Chunk(NamedTuple):
+    """Work for one task: raw records, where they start in the input, and how to read them."""
+
+    records: list          # bytes lines (json) or str texts
+    first_line: int        # 1-based input line (or document) number of records[0]
+    nbytes: int            # input bytes covered, for the progress bar
+
+
+class Encoded(NamedTuple):
+    """One chunk tokenized: `tokens` is the documents' ids concatenated, `sizes` their lengths."""
+
+    tokens: np.ndarray
+    sizes: np.ndarray
+    skipped: int           # empty documents left out
+    nbytes: int
+
+
+@dataclass
+class Stats:
+    """Counters for the summary line every tool prints."""
+
+    documents: int = 0
+    tokens: int = 0
+    skipped: int = 0
+    nbytes: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def add(self, enc: Encoded) -> None:
+        self.documents += len(enc.sizes)
+        self.tokens += int(enc.tokens.size)
+        self.skipped += enc.skipped
+        self.nbytes += enc.nbytes
+
+    def line(self) -> str:
+        secs = max(time.perf_counter() - self.start, 1e-9)
+        extra = f", skipped empty: {self.skipped}" if self.skipped else ""
+        return (f"documents: {self.documents}, tokens: {self.tokens}, seconds: {secs:.2f}, "
+                f"tokens/s: {self.tokens / secs:.0f}{extra}")
+
+
+# Per-process state, set once by _init (workers) or by encode_chunks (single-process mode).
+_TOKENIZER = None
+_JOB: dict = {}
+
+
+def _init(spec: TokenizerSpec, job: dict) -> None:
+    global _TOKENIZER, _JOB
+    worker_environment()
+    _TOKENIZER = spec.load()
+    _JOB = job
+
+
+def _texts(chunk: Chunk, json_key: str | None, source: str) -> list[str]:
+    if json_key is None:
+        return chunk.records
+    texts = []
+    for n, line in enumerate(chunk.records, start=chunk.first_line):
+        if not line.strip():  # a blank line is an empty document (left out, counted as skipped)
+            texts.append("")
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"{source}:{n}: not a JSON object ({exc}); the input must be loose "
+                             f"JSON, one object per line") from None
+        if not isinstance(obj, dict) or json_key not in obj:
+            raise UsageError(f"{source}:{n}: no {json_key!r} field; pick the text field with "
+                             f"--json-key") from None
+        texts.append(str(obj[json_key]))
+    return texts
+
+
+def _encode(chunk: Chunk) -> Encoded:
+    """Tokenize one chunk in this process (worker side)."""
+    job, tok = _JOB, _TOKENIZER
+    ids = tok.encode_batch(_texts(chunk, job["json_key"], job["source"]), num_threads=1)
+    kept = [doc for doc in ids if doc]
+    if job["append_eod"]:
+        for doc in kept:
+            doc.append(tok.eot_id)
+    sizes = np.fromiter((len(d) for d in kept), dtype=np.int64, count=len(kept))
+    flat = np.fromiter(itertools.chain.from_iterable(kept), dtype=job["dtype"], count=int(sizes.sum()))
+    return Encoded(flat, sizes, len(ids) - len(kept), chunk.nbytes)
+
+
+def chunk_records(records: Iterable[tuple[object, int]], chunk_docs: int = 1024,
+                  chunk_bytes: int = 1 << 20) -> Iterator[Chunk]:
+    """Group `(record, nbytes)` pairs into Chunks of <= chunk_docs records or >= chunk_bytes."""
+    buf, size, first, n = [], 0, 1, 0
+    for n, (rec, nbytes) in enumerate(records, start=1):
+        buf.append(rec)
+        size += nbytes
+        if len(buf) >= chunk_docs or size >= chunk_bytes:
+            yield Chunk(buf, first, size)
+            buf, size, first = [], 0, n + 1
+    if buf:
+        yield Chunk(buf, first, size)
+
+
+def encode_chunks(chunks: Iterable[Chunk], spec: TokenizerSpec, *, workers: int, dtype,
+                  append_eod: bool, json_key: str | None = None, source: str = "input"
+                  ) -> Iterator[Encoded]:
+    """Tokenize `chunks` on `workers` processes (0 = in this process); yields in input order.
+
+    `json_key`: records are JSON lines and the text is this field; None: records are texts.
+    Raises UsageError for bad input (naming `source` and the line) or a tokenizer without an
+    end-of-document token when `append_eod` is set.
+    """
+    job = {"json_key": json_key, "source": source, "append_eod": append_eod,
+           "dtype": np.dtype(dtype).str}
+    if workers <= 0:
+        _init(spec, job)
+        if append_eod and _TOKENIZER.eot_id is None:
+            raise UsageError(f"tokenizer {_TOKENIZER.name} has no end-of-document token; drop "
+                             f"--append-eod or train one with <|endoftext|>")
+        yield from map(_encode, chunks)
+        return
+    with mp.get_context("fork").Pool(workers, initializer=_init, initargs=(spec, job)) as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_encode, (chunk,)))
+            # Bounded window: read ahead only as far as the workers can keep up.
+            while len(pending) > 2 * workers + 2 or (pending and pending[0].ready()):
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def check_eod(spec: TokenizerSpec, append_eod: bool):
+    """Load the tokenizer in the parent (for vocab size and dtype); refuse --append-eod without
+    an end-of-document token. Returns the tokenizer."""
+    tok = spec.load()
+    if append_eod and tok.eot_id is None:
+        raise UsageError(f"tokenizer {tok.name} has no end-of-document token; drop --append-eod "
+                         f"or train one with <|endoftext|> (data/train_tokenizer.py adds it)")
+    return tok
