@@ -45,7 +45,8 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
         description="Pretrain GPT-2 on CPUs and CUDA GPUs (Graphcore GPT-2 application flags).")
     parser.add_argument("--config", help="(new) JSON or YAML file of flag values; the command line wins")
     parser.add_argument("--train-path", dest="train_path",
-                        help="(old) generated | a .pkl path (sets --dataset and --input-files)")
+                        help="(old) generated | a .pkl path | tfrecord (with --tfrecord-path GLOB) | dynamic "
+                             "(mmap, with --data-prefix PREFIX); sets --dataset (and --input-files for a .pkl)")
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         meta = f.metadata
@@ -101,7 +102,7 @@ def _apply_train_path(given: dict[str, Any]) -> None:
         given.setdefault("dataset", "generated")
     elif "tfrecord" in value:
         given.setdefault("dataset", "tfrecord")
-    elif value == "dynamic":
+    elif "dynamic" in value:
         given.setdefault("dataset", "mmap")
     else:
         given.setdefault("dataset", "pickle")

@@ -137,7 +137,7 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         # Stream order does not depend on the worker count (protocol in gpt2forge.datasets), so a
         # resumed run starts at its next block without reading the consumed ones.
         start = progress.step_in_epoch * micro_per_step
-        stream = dataset.epoch_stream(progress.epoch, B, start)
+        stream = dataset.epoch_stream(progress.epoch, B, start, group=run.accumulation)
         loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.num_workers,
                             pin_memory=pin, generator=torch.Generator())
         batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
@@ -372,7 +372,7 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 last_val = evaluate(run, data.val)
                 log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
                          f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
-            if run.quick_eval is not None and eval_now:
+            if run.quick_eval is not None and eval_now and log.rank() == 0:  # no collectives inside: rank 0 alone
                 quick = run.quick_eval.run(run.model, run.precision)
                 log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
             name = _checkpoint_name(cfg, progress, epoch_done, last)

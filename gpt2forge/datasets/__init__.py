@@ -5,8 +5,23 @@ Every dataset item is a 1-D ``torch.int64`` tensor of exactly ``max_len + 1`` to
 end with ``IGNORE_INDEX``; so ``collate`` is a plain stack and ``split_batch`` turns a batch into
 ``(input_ids, labels)`` of ``(B, max_len)`` each. The training loop never branches on the format.
 
-Adding a format (tfrecord, Megatron mmap, ...): write ``gpt2forge/datasets/<format>.py`` with a
-``load(req)`` function honouring the contract above, and add one entry to ``DATASETS``.
+Adding a format: write ``gpt2forge/datasets/<format>.py`` with a ``load(req)`` function honouring
+the contract above, and add one entry to ``DATASETS``.
+
+How the trainer reads an epoch (``trainer.epoch_updates``) -- a reader may refine it with a hook:
+
+- map-style dataset: a permutation of ``range(len(ds))`` seeded by ``(seed, epoch)``; or, when the
+  dataset has ``epoch_indices(epoch, count) -> Tensor``, those indices (``mmap``: its index is
+  already shuffled over all epochs and is read in order, as in Megatron).
+- ``IterableDataset`` (``tfrecord``): it must have ``epoch_stream(epoch, block, start_block, group)``
+  returning an ``IterableDataset`` over that epoch's blocks of ``block`` items for this rank (ranks
+  take ``group`` consecutive blocks in turn), from the rank's block ``start_block`` on, where
+  DataLoader worker ``w`` of ``W`` yields blocks ``w, w + W, ...``; a DataLoader with
+  ``batch_size=block`` then delivers the blocks in stream order whatever the worker count, so a
+  resumed run skips consumed batches without reading them.
+  It shards itself by ``torch.distributed`` rank (training and validation: the trainer sums
+  validation totals over ranks), and its ``len()`` counts the items of all ranks, as a map-style
+  dataset's does.
 """
 
 from __future__ import annotations
@@ -41,6 +56,14 @@ class DataRequest:
     """``--val-num``: pickle windows held out for validation."""
     samples_per_step: int = 1
     """Global samples consumed per host step; ``generated`` makes exactly 4 host steps per epoch."""
+    split: str = "969,30,1"
+    """``--split``: train,valid,test weights over documents (mmap) or records (tfrecord), as Megatron."""
+    epochs: int = 1
+    """``--epochs``: mmap builds its training index for every epoch the run reads."""
+    training_steps: int | None = None
+    """``--training-steps``: when set, decides the epochs the run reads instead of ``epochs``."""
+    verify: bool = False
+    """``--verify``: full integrity check on open (tfrecord: every record's CRCs, payload and ids)."""
 
     def __post_init__(self) -> None:
         # A bare string would otherwise be iterated character by character (a reference QUIRK).
@@ -72,11 +95,13 @@ class DatasetSplit:
 Reader = Callable[[DataRequest], DatasetSplit]
 
 # Imported here, after the names above, because the readers import them from this package.
-from gpt2forge.datasets import generated, pickled  # noqa: E402
+from gpt2forge.datasets import generated, mmap, pickled, tfrecord  # noqa: E402
 
 DATASETS: dict[str, Reader] = {
     "generated": generated.load,
     "pickle": pickled.load,
+    "mmap": mmap.load,
+    "tfrecord": tfrecord.load,
 }
 """Registry: ``--dataset`` name -> reader. One entry per format module."""
 
