@@ -1,0 +1,204 @@
+"""Decode latency and batch throughput of gpt2forge's KV-cache generator vs `transformers` `generate`.
+
+Compared, in one process, with the same weights (GPT-2 small shape, seeded random init: decode
+speed does not depend on the values), the same random prompt and greedy decoding:
+
+  ours          gpt2forge.generation.Generator: batched prefill, preallocated KV cache, the decode
+                step torch.compile'd (`text_generate_gpt2.py --poptorch-loop`), weights in the
+                measured dtype
+  transformers  transformers.GPT2LMHeadModel.generate(do_sample=False, use_cache=True), SDPA
+                attention, weights in the same dtype
+
+Per-token decode latency = (time of N new tokens - time of 1 new token) / (N - 1), the same
+external measurement for both, so prefill and set-up cancel out. Batch throughput = B * N / time
+of N new tokens (prefill included). Rounds alternate ours, transformers, ours, ... so background
+load hits both alike; the median round is reported. Compilation (ours) and a warm-up generation
+(both) run before the timed rounds.
+
+The floor is what memory bandwidth allows at batch 1: every weight byte is read once per token
+(weights bytes / bandwidth, bandwidth measured here by summing a 1 GiB buffer).
+
+    .venv/bin/python benchmarks/generation_latency.py            # fp32 + bf16, batch 1 and 8
+    .venv/bin/python benchmarks/generation_latency.py --quick    # fp32, batch 1, 32 tokens, 1 round
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpt2forge.checkpoint import to_hf_state_dict  # noqa: E402
+from gpt2forge.config import ModelConfig  # noqa: E402
+from gpt2forge.generation import Generator, num_threads  # noqa: E402
+from gpt2forge.model import GPT2LMHeadModel  # noqa: E402
+from gpt2forge.sampling import SamplingConfig  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TARGETS = {"ms_per_token": {"fp32": 25.0, "bf16": 14.0}, "speedup_b1": 2.4, "speedup_b8": 2.0}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens")
+    p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per row")
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds per implementation (median reported)")
+    p.add_argument("--no-compile", action="store_true", help="ours in eager mode (no torch.compile)")
+    p.add_argument("--quick", action="store_true", help="fp32, batch 1, 32 new tokens, 1 round")
+    p.add_argument("--hf-threads", default="both", choices=("both", "ours", "default"),
+                   help="thread counts transformers runs with: torch's default, the one ours picked, or both "
+                        "(the faster is the baseline)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--json", metavar="PATH", help="also write the numbers to this JSON file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.precisions, args.batch_sizes, args.new_tokens, args.rounds = "fp32", "1", 32, 1
+    args.precisions = [s for s in args.precisions.split(",") if s]
+    args.batch_sizes = [int(s) for s in args.batch_sizes.split(",") if s]
+    if any(s not in DTYPES for s in args.precisions) or args.new_tokens < 2 or args.rounds < 1:
+        p.error("--precisions takes fp32,bf16; --new-tokens must be >= 2; --rounds >= 1")
+    return args
+
+
+def sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def bandwidth_gbs(device: torch.device) -> float:
+    """Best of 8 read passes over a 1 GiB fp32 buffer, GB/s (on CPU with 1 and with all threads)."""
+    x = torch.ones(2**28, device=device)
+    best = float("inf")
+    for threads in sorted({1, torch.get_num_threads()}) if device.type == "cpu" else [torch.get_num_threads()]:
+        with num_threads(threads):
+            for _ in range(4):
+                t0 = sync(device)
+                x.sum()
+                best = min(best, sync(device) - t0)
+    return x.numel() * 4 / best / 1e9
+
+
+def weight_bytes(model: GPT2LMHeadModel) -> int:
+    """Bytes read per decode step: every parameter once (tied head once), one wpe row."""
+    params = {p.data_ptr(): p for p in model.parameters()}.values()
+    wpe = model.transformer.wpe.weight
+    return sum(p.numel() * p.element_size() for p in params) - wpe.numel() * wpe.element_size()
+
+
+def build(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
+    ours = GPT2LMHeadModel(cfg)
+    ours.init_weights(torch.Generator().manual_seed(0))
+    hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")
+    hf = transformers.GPT2LMHeadModel(hf_cfg)
+    hf.load_state_dict(to_hf_state_dict(ours), strict=False)
+    hf.tie_weights()
+    hf.generation_config.eos_token_id = None  # exactly max_new_tokens
+    hf.generation_config.pad_token_id = 0
+    return ours.to(device, dtype).eval(), hf.to(device, dtype).eval()
+
+
+def time_ours(gen: Generator, prompts, n: int) -> float:
+    t0 = sync(gen.device)
+    gen.generate(prompts, n, SamplingConfig(greedy=True))
+    return sync(gen.device) - t0
+
+
+@torch.inference_mode()
+def time_hf(hf, ids: torch.Tensor, n: int) -> float:
+    t0 = sync(ids.device)
+    hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, use_cache=True)
+    return sync(ids.device) - t0
+
+
+def measure(args, precision: str, B: int, device: torch.device) -> dict:
+    cfg = ModelConfig.preset("gpt2")
+    ours, hf = build(cfg, DTYPES[precision], device)
+    N, P = args.new_tokens, args.prompt_len
+    ids = torch.randint(0, cfg.vocab_size, (B, P), generator=torch.Generator().manual_seed(1)).to(device)
+    prompts = ids.tolist()
+    gen = Generator(ours, B, P + N, compile=not args.no_compile)
+    compile_s = gen.warm_up()
+    # transformers runs with torch's default thread count and with the one ours picked; the faster
+    # of the two is the baseline, so ours is never credited for a thread setting alone.
+    contenders = {"ours": lambda n: time_ours(gen, prompts, n)}
+    settings = {"both": {torch.get_num_threads(), gen.threads}, "ours": {gen.threads},
+                "default": {torch.get_num_threads()}}[args.hf_threads]
+    for threads in sorted(settings):
+        contenders[f"transformers@{threads}"] = lambda n, t=threads: _with_threads(t, time_hf, hf, ids, n)
+    rounds = {name: [] for name in contenders}
+    for fn in contenders.values():
+        fn(N)  # warm-up
+    for _ in range(args.rounds):
+        for name, fn in contenders.items():
+            full, one = fn(N), fn(1)
+            rounds[name].append((full, one))
+            print(f"  {precision} B={B} {name}: {N} tokens in {full:.2f} s, 1 token in {one:.2f} s",
+                  file=sys.stderr, flush=True)
+    out = {"precision": precision, "batch": B, "compile_s": round(compile_s, 1), "ours_threads": gen.threads,
+           "weights_MB": round(weight_bytes(ours) / 1e6, 1)}
+    for name, rs in rounds.items():
+        full = statistics.median(r[0] for r in rs)
+        per_token = statistics.median((r[0] - r[1]) / (N - 1) for r in rs)
+        out[name] = {"ms_per_token": round(per_token * 1e3, 2), "new_tokens_per_s": round(B * N / full, 1)}
+    hf_runs = [k for k in out if k.startswith("transformers@")]
+    best = min(hf_runs, key=lambda k: out[k]["ms_per_token"])
+    out["transformers"] = {**out[best], "threads": int(best.split("@")[1])}
+    return out
+
+
+def _with_threads(n: int, fn, *args):
+    with num_threads(n):
+        return fn(*args)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    bw = bandwidth_gbs(device)
+    print(f"device {device}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{torch.get_num_threads()} threads, read bandwidth {bw:.1f} GB/s")
+    results = []
+    for precision in args.precisions:
+        for B in args.batch_sizes:
+            r = measure(args, precision, B, device)
+            o, h = r["ours"], r["transformers"]
+            r["speedup_latency"] = round(h["ms_per_token"] / o["ms_per_token"], 2)
+            r["speedup_throughput"] = round(o["new_tokens_per_s"] / h["new_tokens_per_s"], 2)
+            r["floor_ms_per_token"] = round(r["weights_MB"] / 1e3 / bw * 1e3, 2)
+            results.append(r)
+            print(f"{precision} B={B}: ours {o['ms_per_token']} ms/token, {o['new_tokens_per_s']} new tokens/s "
+                  f"({r['ours_threads']} thread(s)) | transformers {h['ms_per_token']} ms/token, "
+                  f"{h['new_tokens_per_s']} new tokens/s ({h['threads']} thread(s), the faster setting) | "
+                  f"latency x{r['speedup_latency']}, throughput x{r['speedup_throughput']} | "
+                  f"floor {r['floor_ms_per_token']} ms/token ({r['weights_MB']} MB at {bw:.1f} GB/s), "
+                  f"compile {r['compile_s']} s", flush=True)
+            for k in sorted(k for k in r if k.startswith("transformers@")):
+                print(f"  {k.replace('@', ' at ')} thread(s): {r[k]['ms_per_token']} ms/token, "
+                      f"{r[k]['new_tokens_per_s']} new tokens/s")
+            if B == 1:
+                target = TARGETS["ms_per_token"][precision]
+                print(f"  target <= {target} ms/token and >= {TARGETS['speedup_b1']}x: "
+                      f"{'met' if o['ms_per_token'] <= target and r['speedup_latency'] >= TARGETS['speedup_b1'] else 'MISSED'}")
+            else:
+                print(f"  target >= {TARGETS['speedup_b8']}x new tokens/s: "
+                      f"{'met' if r['speedup_throughput'] >= TARGETS['speedup_b8'] else 'MISSED'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"bandwidth_GBs": round(bw, 1), "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
