@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Zero-shot evaluation of a GPT-2 checkpoint (ours or a Hugging Face GPT-2 directory).
+#
+#   bash tasks/run_evaluate.sh wiki|lmbd [CHECKPOINT [DATA]] [extra flags...]
+#
+# CHECKPOINT and DATA may also come from $CHECKPOINT_PATH and $DATA_PATH. Defaults for DATA:
+# ../shared/data/wikitext/wiki.test.tokens and ../shared/data/lambada/lambada_test.jsonl when present.
+# Protocol settings (environment): SEQ_LEN (1024), STRIDE (32, wiki: the reference's
+# --overlapping-eval), STRICT (false, lmbd), BATCH_SIZE (8), PRECISION (auto), TOKENIZER_TYPE (0),
+# OUTPUT_JSON (results/<task>.json). Extra flags go to the Python script unchanged.
+set -euo pipefail
+
+usage() {
+    echo "usage: bash tasks/run_evaluate.sh wiki|lmbd [CHECKPOINT [DATA]] [flags...]" \
+         "(or set CHECKPOINT_PATH / DATA_PATH)" >&2
+    exit 2
+}
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SHARED_DATA="$(cd "$ROOT/.." && pwd)/shared/data"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PYTHON" ] || PYTHON=python3
+
+[ $# -ge 1 ] || usage
+TASK="$1"; shift
+case "$TASK" in
+    wiki) SCRIPT=evaluate_wiki.py; DEFAULT_DATA="$SHARED_DATA/wikitext/wiki.test.tokens" ;;
+    lmbd) SCRIPT=evaluate_lambada.py; DEFAULT_DATA="$SHARED_DATA/lambada/lambada_test.jsonl" ;;
+    *) echo "error: dataset should be 'wiki' or 'lmbd' (got '$TASK')" >&2; usage ;;
+esac
+
+CHECKPOINT="${CHECKPOINT_PATH:-}"
+if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then CHECKPOINT="$1"; shift; fi
+DATA="${DATA_PATH:-}"
+if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then DATA="$1"; shift; fi
+[ -n "$DATA" ] || { [ -f "$DEFAULT_DATA" ] && DATA="$DEFAULT_DATA"; } || true
+if [ -z "$CHECKPOINT" ]; then echo "error: no checkpoint (argument 2 or \$CHECKPOINT_PATH)" >&2; usage; fi
+if [ -z "$DATA" ]; then echo "error: no data file (argument 3 or \$DATA_PATH)" >&2; usage; fi
+
+OUTPUT_JSON="${OUTPUT_JSON:-results/$TASK.json}"
+ARGS=(--checkpoint-input-dir "$CHECKPOINT" --valid-data "$DATA" --seq-length "${SEQ_LEN:-1024}"
+      --batch-size "${BATCH_SIZE:-8}" --precision "${PRECISION:-auto}" --tokenizer-type "${TOKENIZER_TYPE:-0}"
+      --output-json "$OUTPUT_JSON")
+if [ "$TASK" = wiki ]; then
+    ARGS+=(--overlapping-eval "${STRIDE:-32}")
+else
+    ARGS+=(--strict-lambada "${STRICT:-false}")
+fi
+exec "$PYTHON" "$ROOT/tasks/$SCRIPT" "${ARGS[@]}" "$@"
