@@ -30,8 +30,9 @@ import torch
 
 from gpt2forge import custom_ops
 
-LOGITS_CHUNK_ELEMENTS = 1 << 23
-"""Default rows per chunk = this / vocabulary-chunk width: about 32 MB of fp32 logits at a time."""
+LOGITS_CHUNK_ELEMENTS = 1 << 25
+"""Default rows per chunk = this / vocabulary-chunk width: about 128 MB of fp32 logits at a time
+(667 rows at V = 50,257; fewer, smaller chunks cost more passes over the weight gradient)."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

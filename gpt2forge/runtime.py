@@ -34,7 +34,7 @@ def configure_host_allocator() -> bool:
     """Keep freed memory in the process (glibc): no mmap for large blocks, no trimming.
 
     A training step frees and re-allocates the same large activation buffers every step; by
-    default glibc serves blocks over 32 MB-ish with mmap and returns them on free, so each step
+    default glibc serves large blocks with mmap and returns them on free, so each step
     pays page faults to zero fresh pages again. This is what MALLOC_MMAP_MAX_=0
     MALLOC_TRIM_THRESHOLD_=<huge> do, applied from inside (the environment wins when set). The
     price: the resident set stays at its peak. Returns whether it was applied (glibc only).

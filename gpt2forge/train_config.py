@@ -57,7 +57,7 @@ class TrainConfig:
     num_workers: int = opt(4, "DataLoader worker processes")
     async_dataloader: bool = opt(False, "background prefetch of batches (pinned memory on CUDA)", kind="bool")
     enable_sequence_serialized: bool = opt(False, "fused LM loss: chunks of --serialized-seq-len tokens (rows of "
-                                           "the flattened batch) instead of the default ~32 MB of logits",
+                                           "the flattened batch) instead of the default ~128 MB of logits",
                                            kind="bool")
     serialized_seq_len: int = opt(128, "token chunk length for --enable-sequence-serialized")
 
