@@ -155,8 +155,8 @@ def child_train(args, variant: str) -> dict:
     return result
 
 
-def run_child(args, variant: str) -> dict:
-    cmd = [sys.executable, __file__, *sys.argv[1:], "--child", variant]
+def run_child(argv: list[str], variant: str) -> dict:
+    cmd = [sys.executable, __file__, *argv, "--child", variant]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -164,6 +164,7 @@ def run_child(args, variant: str) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.child:
         fn = child_op if args.what == "op" else child_train
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
     shape = (f"N={args.tokens} V={args.vocab} C={args.embd}" if args.what == "op" else
              f"{args.model} B={args.batch_size} T={args.seq_len}{' recompute' if args.recompute else ''}")
     print(f"{args.what}: {shape}, {args.precision}, best of {args.repeats}")
-    results = {v: run_child(args, v) for v in variants}
+    results = {v: run_child(argv, v) for v in variants}
     print(f"{'variant':<10} {'seconds':>8} {'extra GiB':>10} {'base GiB':>9}" +
           (f" {'tokens/s':>9}" if args.what == "train" else ""))
     for v, r in results.items():

@@ -23,9 +23,8 @@ from .arguments import parse_args
 from .datasets import DataRequest, collate, load_datasets
 from .errors import UsageError
 from .modeling import build_model
-from .runtime import configure_matmul, maybe_compile, resolve_device, resolve_precision, synchronize
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from .runtime import PRECISION_DTYPES, configure_matmul, maybe_compile, resolve_device, resolve_precision, \
+    synchronize
 
 
 def run_inference(argv: Sequence[str] | None = None) -> int:
@@ -34,7 +33,7 @@ def run_inference(argv: Sequence[str] | None = None) -> int:
     precision = resolve_precision(cfg.precision, device)
     configure_matmul(device, precision, cfg.enable_half_partials)
     model, _ = build_model(cfg, device)
-    model = model.to(DTYPES[precision]).eval()
+    model = model.to(PRECISION_DTYPES[precision]).eval()
     forward = maybe_compile(model, "true" if cfg.compile_only else cfg.torch_compile, device,
                             cfg.executable_cache_dir)
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .atomic import write_atomic
+from .runtime import PRECISION_DTYPES
 
 # Dense peak FLOP/s by device-name substring and compute dtype (vendor data sheets, no sparsity).
 GPU_PEAKS = {
@@ -45,7 +46,7 @@ def _cache_file() -> Path:
 
 def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
     """FLOP/s of an n x n x n matmul in `precision` on this CPU, best of `reps`."""
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    dtype = PRECISION_DTYPES[precision]
     a = torch.randn(n, n, dtype=dtype)
     b = torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)  # warm-up: thread pool, packing buffers

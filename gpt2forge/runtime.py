@@ -80,12 +80,15 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return "fp32"
 
 
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""--precision value -> torch dtype."""
+
+
 def autocast(device: torch.device, precision: str):
     """Mixed-precision context for forward + loss; a no-op context for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=PRECISION_DTYPES[precision])
 
 
 def configure_matmul(device: torch.device, precision: str, half_partials: bool) -> None:
