@@ -112,6 +112,12 @@ class TrainConfig:
     optimizer_state_offchip: bool | None = opt(None, "keep optimizer state in host memory and update there "
                                                "(CUDA; on CPU it is there already)", kind="bool")
     replicated_tensor_sharding: bool = opt(False, "shard optimizer state across replicas (ZeRO-1)", kind="bool")
+    zero_stage: int | None = opt(None, "(new) ZeRO sharding across replicas: 0 none | 1 optimizer state | 2 + "
+                                 "gradients | 3 + parameters (2 and 3 with FSDP2); default 1 with "
+                                 "--replicated-tensor-sharding, else 0", choices=(0, 1, 2, 3))
+    pipeline_schedule: str = opt("1F1B", "(new) pipeline schedule over the --gradient-accumulation micro-batches "
+                                 "when stages run in their own processes: GPipe | 1F1B",
+                                 choices=("GPipe", "1F1B"))
     executable_cache_dir: str | None = opt(None, "torch.compile cache directory (the IPU executable cache)")
     compile_only: bool = opt(False, "compile the training step on generated data, print the time, exit",
                              kind="bool")

@@ -28,6 +28,7 @@ from .layout import build_layout, report_layout
 from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
 from .metrics import StepMeter, device_peak
 from .model import GPT2LMHeadModel, LMLoss
+from .observe import RunMonitor
 from .modeling import build_model, maybe_sample
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
 from .runtime import LossScaler, autocast, configure_host_allocator, configure_matmul, maybe_compile, \
@@ -316,16 +317,19 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     progress = Progress()
     if cfg.resume_training_from_checkpoint:
         _resume(run, ckpt_dir, progress)
-    wandb = _init_wandb(cfg, model)
     meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len),
                       device_peak(device, precision))
-    _loop(run, data, progress, total_steps, steps_per_epoch, meter, wandb)
+    monitor = RunMonitor(cfg, model.config, total_steps)
+    try:
+        _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
+    finally:
+        monitor.close()
     maybe_sample(cfg, model, device)
     return 0
 
 
 def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
-          wandb) -> None:
+          monitor: RunMonitor) -> None:
     cfg = run.cfg
     shuffle = cfg.dataset != "generated"
     log.banner("Training")
@@ -364,14 +368,17 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
                          f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}, "
                          f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%")
-            if wandb is not None:
-                wandb.log({"Loss": loss, "Acc": acc, "LR": lr, "Step": progress.step, "Epoch": epoch + 1,
-                           "Throughput": samples_s})
+            monitor.step({"step": progress.step, "epoch": epoch, "tokens": progress.step * cfg.tokens_per_step,
+                          "loss": loss, "acc": acc, "lr": lr, "samples_per_sec": samples_s,
+                          "tokens_per_sec": tokens_s, "mfu": mfu, "peak_memory_gib": peak_gib,
+                          "data_wait_pct": wait_pct})
             eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
             if data.val is not None and eval_now:
                 last_val = evaluate(run, data.val)
                 log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
                          f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
+                monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
+                                    "val_loss": last_val[0], "val_perplexity": last_val[1]})
             if run.quick_eval is not None and eval_now and log.rank() == 0:  # no collectives inside: rank 0 alone
                 quick = run.quick_eval.run(run.model, run.precision)
                 log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
@@ -398,15 +405,3 @@ def _compile_only(cfg, model, forward, optimizer, scaler, device, precision, acc
     log.info(f"Compiled/Loaded model in {time.perf_counter() - t0:.2f} secs")
     log.info("Model successfully compiled. Exiting now as '--compile-only' argument was passed.")
     return 0
-
-
-def _init_wandb(cfg: TrainConfig, model: GPT2LMHeadModel):
-    if not cfg.use_wandb or log.rank() != 0:
-        return None
-    try:
-        import wandb
-    except ImportError:
-        raise UsageError("--use-wandb needs the wandb package: .venv/bin/pip install wandb") from None
-    name = f"{cfg.model}_{model.config.vocab_size}_sl{cfg.max_len}_gbs{cfg.samples_per_update}"
-    wandb.init(project="torch-gpt2", name=name, config=cfg.to_dict())
-    return wandb
