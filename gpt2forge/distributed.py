@@ -52,9 +52,21 @@ def env_from_launcher() -> DistEnv:
         raise UsageError(f"RANK / LOCAL_RANK / WORLD_SIZE must be integers (launch with torchrun): {exc}") from None
 
 
-def check_world(env: DistEnv, replication_factor: int) -> None:
-    """A layout that does not fit the processes is refused before any process group work."""
+def check_world(env: DistEnv, replication_factor: int, stages: int = 1) -> None:
+    """A layout that does not fit the processes is refused before any process group work.
+    `stages` pipeline stages run in their own processes when the world is a multiple of them."""
     if not env.enabled:
+        return
+    if stages > 1 and env.world_size >= stages:
+        if env.world_size % stages:
+            raise UsageError(f"{env.world_size} processes cannot hold {stages} pipeline stages (--layers-per-ipu) "
+                             f"x replicas; start a multiple of {stages} processes (or fewer than {stages} to "
+                             "run the stages co-located)")
+        replicas = env.world_size // stages
+        if replication_factor % replicas:
+            raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {replicas} "
+                             f"replicas that {env.world_size} processes / {stages} stages make; start "
+                             f"{stages} x a divisor of {replication_factor} processes")
         return
     if replication_factor % env.world_size:
         raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {env.world_size} "

@@ -1,9 +1,10 @@
 """The parallel layout the reference's IPU flags describe, validated and printed once.
 
 `--layers-per-ipu 0 4 4 4` is data: stage 0 holds the embeddings (and, tied to them, the LM head),
-entry i says how many blocks stage i holds. Until pipeline execution lands, all stages run
-co-located on one device (same math), and data-parallel replicas that have no process of their own
-become extra gradient accumulation (same global batch, same math).
+entry i says how many blocks stage i holds. Launched with stages x k processes, each stage runs in
+its own process (gpt2forge.pipeline) and k replicas run data-parallel; with fewer processes the
+stages run co-located in one process (same math). Data-parallel replicas that have no process of
+their own become extra gradient accumulation (same global batch, same math).
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ class Layout:
     def stages(self) -> int:
         return len(self.layers_per_stage)
 
+    @property
+    def pipelined(self) -> bool:
+        """Each stage in its own process (else all stages co-located in every process)."""
+        return is_pipelined(self.stages, self.world_size)
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel processes per stage."""
+        return self.world_size // self.stages if self.pipelined else self.world_size
+
     def stage_of_layer(self) -> list[int]:
         """Block index -> stage index."""
         return [s for s, n in enumerate(self.layers_per_stage) for _ in range(n)]
@@ -35,8 +46,20 @@ class Layout:
     def stage_map(self) -> list[str]:
         lines = ["Embedding --> stage 0"]
         lines += [f"Layer {i:<2} --> stage {s}" for i, s in enumerate(self.stage_of_layer())]
-        lines.append("LM_head --> stage 0 (tied to the embedding)")
+        if self.pipelined:
+            lines.append(f"LM_head --> stage {self.stages - 1} (a copy of the embedding; gradients summed "
+                         "with stage 0)")
+        else:
+            lines.append("LM_head --> stage 0 (tied to the embedding)")
         return lines
+
+
+def is_pipelined(stages: int, world_size: int) -> bool:
+    return stages > 1 and world_size >= stages and world_size % stages == 0
+
+
+def stages_of(cfg: TrainConfig) -> int:
+    return len(cfg.layers_per_ipu) if cfg.layers_per_ipu else 1
 
 
 def build_layout(cfg: TrainConfig, n_layer: int, world_size: int = 1) -> Layout:
@@ -50,6 +73,11 @@ def build_layout(cfg: TrainConfig, n_layer: int, world_size: int = 1) -> Layout:
     if len(layers) != cfg.ipus_per_replica:
         raise UsageError(f"--layers-per-ipu has {len(layers)} entries but --ipus-per-replica is "
                          f"{cfg.ipus_per_replica}; give one entry per stage")
+    if is_pipelined(len(layers), world_size) and cfg.pipeline_schedule == "1F1B" \
+            and cfg.gradient_accumulation < len(layers):
+        raise UsageError(f"--pipeline-schedule 1F1B needs at least one micro-batch per stage: "
+                         f"--gradient-accumulation {cfg.gradient_accumulation} < {len(layers)} stages; raise it "
+                         "or use --pipeline-schedule GPipe")
     if cfg.matmul_proportion is not None and len(cfg.matmul_proportion) != cfg.ipus_per_replica:
         raise UsageError(f"--matmul-proportion has {len(cfg.matmul_proportion)} values but --ipus-per-replica "
                          f"is {cfg.ipus_per_replica}; give one per stage")
@@ -63,13 +91,15 @@ def report_layout(layout: Layout, cfg: TrainConfig) -> int:
         log.banner("Device Allocation")
         for line in layout.stage_map():
             log.info(line)
-        if layout.world_size < layout.stages * layout.replicas:
-            log.notice(f"{layout.stages} pipeline stages run co-located on one device (same math, no pipelining)")
+        if not layout.pipelined:
+            log.notice(f"{layout.stages} pipeline stages run co-located in each of the {layout.world_size} "
+                       f"process(es) (same math, no pipelining; launch {layout.stages} x replicas processes "
+                       "to pipeline)")
     accumulation = cfg.gradient_accumulation
-    if layout.replicas > layout.world_size:
-        factor = layout.replicas // max(layout.world_size, 1)
+    if layout.replicas > layout.data_parallel:
+        factor = layout.replicas // max(layout.data_parallel, 1)
         accumulation *= factor
-        log.notice(f"--replication-factor {layout.replicas} with {layout.world_size} process(es): "
+        log.notice(f"--replication-factor {layout.replicas} with {layout.data_parallel} data-parallel process(es): "
                    f"gradient accumulation {cfg.gradient_accumulation} x {factor} = {accumulation} keeps the "
                    f"global batch of {cfg.samples_per_update} sequences")
     _ipu_only_notices(cfg, layout.world_size)

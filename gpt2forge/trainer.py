@@ -24,14 +24,15 @@ from .datasets import IGNORE_INDEX, DataRequest, collate, load_datasets, split_b
 from .distributed import DistEnv, all_reduce_sum, barrier, check_world, device_for, env_from_launcher, \
     full_optimizer_state, init_process_group, shutdown, wrap_data_parallel
 from .errors import UsageError
-from .layout import build_layout, report_layout
+from .layout import Layout, build_layout, report_layout, stages_of
 from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
 from .metrics import StepMeter, device_peak
 from .model import GPT2LMHeadModel, LMLoss
 from .observe import RunMonitor
 from .modeling import build_model, maybe_sample
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
-from .runtime import LossScaler, autocast, configure_host_allocator, configure_matmul, maybe_compile, \
+from .pipeline import Grid, Pipeline, all_finite, clip_grad_norm, report_stage_balance
+from .runtime import PRECISION_DTYPES, LossScaler, autocast, configure_host_allocator, configure_matmul, maybe_compile, \
     resolve_device, resolve_precision, synchronize
 from .train_config import TrainConfig
 from .vocab import MERGES_FILE, VOCAB_FILE, asset_dir
@@ -61,8 +62,15 @@ class Run:
     precision: str
     accumulation: int  # micro-batches per update in this process
     quick_eval: Any = None  # evaluation.quick.QuickEval for --eval-wikitext/--eval-lambada, or None
-    dist_env: DistEnv = DistEnv()  # this process's rank among the data-parallel replicas
+    dist_env: DistEnv = DistEnv()  # this process in the whole job
+    replica: DistEnv = DistEnv()  # this process's data-parallel replica among the replicas (data slicing)
     ddp: Any = None  # the DistributedDataParallel wrapper when running several processes
+    pipeline: Pipeline | None = None  # this process's pipeline stage, when stages have their own processes
+
+    @property
+    def stage_processes(self) -> int:
+        """Processes per replica (each holds the replica's batches)."""
+        return self.pipeline.grid.stages if self.pipeline is not None else 1
 
 
 def _totals(out: LMLoss) -> torch.Tensor:
@@ -78,22 +86,33 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     """
     pairs = [split_batch(b) for b in micro_batches]
     tokens = torch.stack([(y != IGNORE_INDEX).sum() for _, y in pairs]).sum().float()
-    # Over all replicas; DDP averages gradients, so world_size / global tokens gives sum / global tokens.
-    denom = all_reduce_sum(tokens).clamp(min=1)
-    scale = run.scaler.scale * run.dist_env.world_size / denom
-    totals = torch.zeros(3, device=run.device)
-    for i, (x, y) in enumerate(pairs):
-        # Gradients are all-reduced once per update, during the last micro-batch's backward.
-        sync = run.ddp is None or i == len(pairs) - 1
-        with autocast(run.device, run.precision), (contextlib.nullcontext() if sync else run.ddp.no_sync()):
-            out = run.forward(x, y)
-            (out.loss_sum * scale).backward()
-        totals += _totals(out)
-    all_reduce_sum(totals)
-    params = [p for p in run.model.parameters() if p.requires_grad]  # the device copies, even when offloaded
+    # Over all processes (a replica's pipeline stages hold the same batch); DDP averages gradients over
+    # the replicas, so replicas / global tokens gives sum / global tokens.
+    denom = (all_reduce_sum(tokens) / run.stage_processes).clamp(min=1)
+    scale = run.scaler.scale * run.replica.world_size / denom
+    if run.pipeline is not None:
+        with autocast(run.device, run.precision):
+            totals = run.pipeline.step(torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs]), scale)
+        params = run.pipeline.parameters()
+    else:
+        totals = torch.zeros(3, device=run.device)
+        for i, (x, y) in enumerate(pairs):
+            # Gradients are all-reduced once per update, during the last micro-batch's backward.
+            sync = run.ddp is None or i == len(pairs) - 1
+            with autocast(run.device, run.precision), (contextlib.nullcontext() if sync else run.ddp.no_sync()):
+                out = run.forward(x, y)
+                (out.loss_sum * scale).backward()
+            totals += _totals(out)
+        params = [p for p in run.model.parameters() if p.requires_grad]  # the device copies, even when offloaded
+    all_reduce_sum(totals)  # the loss lives on the last stage: others add zeros
     finite = run.scaler.unscale_and_check(params)
+    if run.pipeline is not None and run.scaler.enabled:
+        finite = all_finite(finite, run.device)
     if run.cfg.max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
+        if run.pipeline is not None:
+            clip_grad_norm(params, run.pipeline.norm_parameters(), run.cfg.max_grad_norm, run.replica.world_size)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
     if finite:
         run.optimizer.step()
     run.scaler.update(finite)
@@ -103,11 +122,20 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
-    """Mean token loss, perplexity and token count over a dataset (dropout off)."""
+def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int] | None:
+    """Mean token loss, perplexity and token count over a dataset (dropout off). Pipelined runs
+    evaluate on rank 0 alone with the whole model (None elsewhere)."""
+    if run.pipeline is not None:
+        run.pipeline.gather_weights()
+        result = _evaluate(run, dataset, DistEnv()) if run.dist_env.is_main else None
+        barrier()
+        return result
+    return _evaluate(run, dataset, run.replica)
+
+
+def _evaluate(run: Run, dataset: Dataset, env: DistEnv) -> tuple[float, float, int]:
     run.model.eval()
     totals = torch.zeros(3, device=run.device)
-    env = run.dist_env
     if env.enabled and not isinstance(dataset, IterableDataset):  # each replica scores its share
         dataset = torch.utils.data.Subset(dataset, range(env.rank, len(dataset), env.world_size))
     loader = DataLoader(dataset, batch_size=run.cfg.batch_size, collate_fn=collate)
@@ -117,7 +145,8 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
             out = run.model(x, y)  # eager: a compiled no-grad graph would cost a second compilation
         totals += _totals(out)
     run.model.train()
-    all_reduce_sum(totals)
+    if env.enabled:
+        all_reduce_sum(totals)
     loss = float(totals[0] / totals[2].clamp(min=1))
     return loss, math.exp(min(loss, 50.0)), int(totals[2])
 
@@ -138,12 +167,14 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         # Stream order does not depend on the worker count (protocol in gpt2forge.datasets), so a
         # resumed run starts at its next block without reading the consumed ones.
         start = progress.step_in_epoch * micro_per_step
+        if hasattr(dataset, "world_size"):  # a replica's pipeline stages read the same records
+            dataset.rank, dataset.world_size = run.replica.rank, run.replica.world_size
         stream = dataset.epoch_stream(progress.epoch, B, start, group=run.accumulation)
         loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.num_workers,
                             pin_memory=pin, generator=torch.Generator())
         batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
     else:
-        env = run.dist_env
+        env = run.replica
         count *= env.world_size  # every replica draws from one global order
         if hasattr(dataset, "epoch_indices"):
             order = dataset.epoch_indices(progress.epoch, count)
@@ -185,8 +216,13 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
-    """The one place checkpoints are written (rank 0; every rank joins the ZeRO-1 state gathering)."""
-    optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
+    """The one place checkpoints are written (rank 0; every rank joins the gathering of pipeline
+    stages and ZeRO-1 shards)."""
+    if run.pipeline is not None:
+        run.pipeline.gather_weights()
+        optimizer_state = run.pipeline.optimizer_state(run.optimizer)
+    else:
+        optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
     if not run.dist_env.is_main:
         barrier()  # wait until rank 0 has written it
         return
@@ -231,7 +267,10 @@ def _checkpoint_name(cfg: TrainConfig, progress: Progress, epoch_done: bool, las
 def _resume(run: Run, ckpt_dir, progress: Progress) -> None:
     state = load_training_state(ckpt_dir)
     try:
-        run.optimizer.load_state_dict(state["optimizer"])
+        if run.pipeline is not None:
+            run.pipeline.load_optimizer_state(run.optimizer, state["optimizer"])
+        else:
+            run.optimizer.load_state_dict(state["optimizer"])
         run.scheduler.load_state_dict(state["lr_scheduler"])
         run.scaler.load_state_dict(state["loss_scaler"])
         for k, v in state["progress"].items():
@@ -246,7 +285,7 @@ def _resume(run: Run, ckpt_dir, progress: Progress) -> None:
 def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
     env = env_from_launcher()
-    check_world(env, cfg.replication_factor)  # before any process group work
+    check_world(env, cfg.replication_factor, stages_of(cfg))  # before any process group work
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     device = device_for(env, resolve_device(cfg.device))
@@ -259,13 +298,13 @@ def run_training(cfg: TrainConfig) -> int:
     accumulation = report_layout(layout, cfg)
     init_process_group(env, device)
     try:
-        return _train(cfg, env, device, precision, model, ckpt_dir, accumulation)
+        return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation)
     finally:
         shutdown()
 
 
 def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str, model: GPT2LMHeadModel,
-           ckpt_dir, accumulation: int) -> int:
+           ckpt_dir, layout: Layout, accumulation: int) -> int:
     torch.manual_seed(cfg.seed + env.rank)  # same initial weights everywhere, different dropout per replica
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
@@ -275,18 +314,30 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     if offload and shard:
         raise UsageError("--optimizer-state-offchip with --replicated-tensor-sharding is not supported yet; "
                          "drop one of them")
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.learning_rate, cfg.weight_decay, device_type=device.type,
-                                offload=offload, shard=shard)
+    pipeline, replica = None, env
+    if layout.pipelined:
+        if shard:
+            raise UsageError("--replicated-tensor-sharding with pipeline stages in their own processes is not "
+                             "supported yet; drop it or launch fewer processes than stages")
+        grid = Grid(layout.stages, layout.data_parallel, env.rank)
+        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation)
+        replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
+        report_stage_balance(model, layout, cfg.batch_size, cfg.max_len, accumulation, cfg.pipeline_schedule,
+                             torch.finfo(PRECISION_DTYPES[precision]).bits // 8)
+    optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
+                                cfg.weight_decay, device_type=device.type, offload=offload, shard=shard)
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
-    ddp = wrap_data_parallel(model, env, device)
+    ddp = wrap_data_parallel(model, env, device) if pipeline is None else model
+    if pipeline is not None and cfg.torch_compile == "true":
+        log.notice("--torch-compile is not applied to pipeline stages in their own processes")
     forward = maybe_compile(ddp, "true" if cfg.compile_only else cfg.torch_compile, device,
                             cfg.executable_cache_dir)
     if cfg.compile_only:
         return _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation)
 
     micro_per_step = accumulation * cfg.device_iterations
-    samples_per_step = micro_per_step * cfg.batch_size * env.world_size  # = cfg.samples_per_step
+    samples_per_step = micro_per_step * cfg.batch_size * replica.world_size  # = cfg.samples_per_step
     log.banner("Loading data")
     t0 = time.perf_counter()
     data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
@@ -308,7 +359,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
     scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
     run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation,
-              dist_env=env, ddp=ddp if env.enabled else None)
+              dist_env=env, replica=replica, ddp=ddp if env.enabled and pipeline is None else None, pipeline=pipeline)
     if cfg.eval_wikitext or cfg.eval_lambada:
         from .evaluation.quick import QuickEval
 
@@ -324,6 +375,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
         _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
     finally:
         monitor.close()
+    if pipeline is not None:
+        pipeline.gather_weights()
     maybe_sample(cfg, model, device)
     return 0
 
@@ -373,12 +426,16 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                           "tokens_per_sec": tokens_s, "mfu": mfu, "peak_memory_gib": peak_gib,
                           "data_wait_pct": wait_pct})
             eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
-            if data.val is not None and eval_now:
-                last_val = evaluate(run, data.val)
+            if run.pipeline is not None and progress.step == 1:
+                run.pipeline.report_peak_memory(peak_gib)
+            if data.val is not None and eval_now and (result := evaluate(run, data.val)) is not None:
+                last_val = result
                 log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
                          f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
                 monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
                                     "val_loss": last_val[0], "val_perplexity": last_val[1]})
+            if run.quick_eval is not None and eval_now and run.pipeline is not None:
+                run.pipeline.gather_weights()
             if run.quick_eval is not None and eval_now and log.rank() == 0:  # no collectives inside: rank 0 alone
                 quick = run.quick_eval.run(run.model, run.precision)
                 log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")

@@ -1,0 +1,275 @@
+"""Pipeline stages (`--layers-per-ipu`) in their own processes, on torch.distributed.pipelining.
+
+Process grid: global rank = replica * stages + stage, so a replica's stages are neighbouring ranks
+and each stage's replicas form a data-parallel group: after the schedule's backward their gradients
+are averaged in one flat all-reduce per stage (DDP's reducer does not support GPipe's
+all-forwards-then-all-backwards order under no_sync). Stage 0 holds the
+embeddings and its blocks; the last stage holds `ln_f` and, as the LM head, a copy of the tied word
+embedding. After each update's backward the two copies' gradients are summed between the first
+and the last stage (Megatron's tied-embedding all-reduce), so both receive the same update and stay
+equal. Gradients are exactly those of one process running the whole model.
+
+Every rank builds the whole model (same seed, same weights) and keeps the blocks of its stage;
+rank 0 (stage 0 of replica 0) gathers the other stages' weights before evaluating, sampling or
+saving, so those run unchanged on one whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from . import log
+from .datasets import IGNORE_INDEX
+from .layout import Layout
+from .lm_head_loss import fused_lm_head_loss
+from .model import GPT2LMHeadModel, lm_loss
+from .optim import param_groups
+from .optim_state import load_named_state, merge_named, named_state, to_cpu, to_indexed, to_named
+
+HEAD_COPY = "lm_head.weight"
+"""The last stage's copy of `transformer.wte.weight` (the tied LM head)."""
+WTE = "transformer.wte.weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """This process's place in the (replicas x stages) process grid."""
+
+    stages: int
+    replicas: int
+    rank: int
+
+    @property
+    def stage(self) -> int:
+        return self.rank % self.stages
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.stages
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+class StageModule(nn.Module):
+    """The part of the model one stage runs; parameter names are the whole model's (blocks keep
+    their indices: `transformer.h.5...`), except the last stage's head copy (`lm_head.weight`)."""
+
+    def __init__(self, model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool):
+        super().__init__()
+        t = model.transformer
+        self.first, self.last = first, last
+        self.transformer = nn.Module()
+        if first:
+            self.transformer.wte, self.transformer.wpe, self.transformer.drop = t.wte, t.wpe, t.drop
+        self.transformer.h = nn.ModuleDict({str(i): t.h[i] for i in blocks})
+        if last:
+            self.transformer.ln_f = t.ln_f
+            self.lm_head = nn.Linear(t.wte.weight.shape[1], t.wte.weight.shape[0], bias=False)
+            # The first stage's embedding itself when one stage is both, else an equal copy.
+            self.lm_head.weight = t.wte.weight if first else nn.Parameter(t.wte.weight.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Stage 0: ids (B, T) -> hidden (B, T, C); later stages: hidden -> hidden (after ln_f on the last)."""
+        if self.first:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.transformer.drop(self.transformer.wte(x) + self.transformer.wpe(positions))
+        for block in self.transformer.h.values():
+            x = block(x)
+        return self.transformer.ln_f(x) if self.last else x
+
+
+class StageLoss:
+    """The pipeline's loss_fn on the last stage: the model's LM loss with the head copy, scaled by
+    `scale` (loss scale x replicas / global tokens); records (loss sum, correct, tokens) per call."""
+
+    def __init__(self, module: StageModule, model: GPT2LMHeadModel):
+        self.module, self.vocab, self.chunking = module, model.config.vocab_size, model.fused_loss
+        self.scale = 1.0
+        self.records: list[torch.Tensor] = []
+
+    def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        weight = self.module.lm_head.weight
+        if self.chunking is not None:
+            loss_sum, correct, tokens = fused_lm_head_loss(hidden.flatten(0, 1), weight, labels.flatten(), self.vocab,
+                                                           IGNORE_INDEX, self.chunking)
+        else:
+            logits = F.linear(hidden, weight)
+            logits[..., self.vocab:] = float("-inf")  # padded ids never get probability mass
+            loss_sum, correct, tokens = lm_loss(logits.flatten(0, 1), labels.flatten())
+        self.records.append(torch.stack([loss_sum.detach().float(), correct.float(), tokens.float()]))
+        return loss_sum * self.scale
+
+
+class Pipeline:
+    """One stage of the pipelined model with its schedule; built on every rank of the grid."""
+
+    def __init__(self, model: GPT2LMHeadModel, layout: Layout, grid: Grid, device: torch.device, schedule: str,
+                 micro_batches: int):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        self.grid, self.layout, self.model = grid, layout, model
+        # Every rank creates every group, in the same order (a torch.distributed rule).
+        S, R = grid.stages, grid.replicas
+        pp_groups = [dist.new_group(list(range(r * S, (r + 1) * S))) for r in range(R)]
+        dp_groups = [dist.new_group(list(range(s, S * R, S))) for s in range(S)] if R > 1 else [None] * S
+        tie_groups = [dist.new_group([r * S, r * S + S - 1]) for r in range(R)]
+        self.tie_group = tie_groups[grid.replica]
+        self.pp_group = pp_groups[grid.replica]
+        blocks = [i for i, s in enumerate(layout.stage_of_layer()) if s == grid.stage]
+        self.dp_group = dp_groups[grid.stage]
+        self.module = StageModule(model, blocks, grid.first, grid.last).to(device)
+        self.loss = StageLoss(self.module, model)
+        stage = PipelineStage(self.module, grid.stage, S, device, group=self.pp_group)
+        cls = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
+        # scale_grads=False: the loss is already divided by the global token count.
+        self.schedule = cls(stage, micro_batches, loss_fn=self.loss, scale_grads=False)
+        self.aliases = {HEAD_COPY: WTE} if grid.last and not grid.first else {}
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """This stage's parameters counted in the global gradient norm (the head copy is stage 0's
+        embedding, counted there)."""
+        return [p for n, p in self.module.named_parameters() if p.requires_grad and n not in self.aliases]
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+        """Forward and backward of one update's micro-batches (x, y: (micro-batches * B, T), split
+        along dim 0). Returns (3,) loss sum, correct, tokens (non-zero on the last stage only)."""
+        self.loss.scale = scale
+        self.loss.records = []
+        if self.grid.first:
+            self.schedule.step(x)
+        elif self.grid.last:
+            self.schedule.step(target=y)
+        else:
+            self.schedule.step()
+        self._average_replicas()
+        self._sum_tied_gradients()
+        # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
+        real = self.loss.records[-self.schedule._n_microbatches:]
+        return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
+
+    def _average_replicas(self) -> None:
+        if self.grid.replicas == 1:
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.grid.replicas
+        for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(avg)
+
+    def _sum_tied_gradients(self) -> None:
+        if self.grid.stages == 1:
+            return
+        if self.grid.first:
+            dist.all_reduce(self.model.transformer.wte.weight.grad, group=self.tie_group)
+        elif self.grid.last:
+            dist.all_reduce(self.module.lm_head.weight.grad, group=self.tie_group)
+
+    def report_peak_memory(self, peak_gib: float) -> None:
+        """Print every stage's measured peak memory (of a step) on rank 0; a collective of all ranks."""
+        peaks: list = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, peak_gib)
+        log.info("Stage peak memory: " + ", ".join(f"stage {s} {peaks[s]:.2f} GiB" for s in range(self.grid.stages)))
+
+    # -- whole-model views on rank 0 ---------------------------------------------------------------
+    def owner(self, name: str) -> int:
+        """The stage holding the whole model's state entry `name`."""
+        if name.startswith("transformer.h."):
+            return self.layout.stage_of_layer()[int(name.split(".")[2])]
+        if name.startswith("transformer.ln_f."):
+            return self.grid.stages - 1
+        return 0
+
+    def gather_weights(self) -> None:
+        """Copy every stage's current weights of replica 0 into rank 0's whole model (a collective of
+        replica 0's stages; other replicas return at once)."""
+        if self.grid.replica != 0:
+            return
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                src = self.owner(name)
+                if src == 0:
+                    continue
+                if self.grid.stage == src:
+                    dist.send(tensor.contiguous(), dst=0)
+                elif self.grid.first:
+                    buf = torch.empty_like(tensor)
+                    dist.recv(buf, src=src)
+                    tensor.copy_(buf)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The whole model's indexed optimizer state on rank 0 (None elsewhere); a collective."""
+        if self.grid.replica != 0:
+            return None
+        part = to_cpu(named_state(optimizer, self.module, self.aliases))
+        parts = [None] * self.grid.stages if self.grid.first else None
+        dist.gather_object(part, parts, dst=0, group=self.pp_group)
+        if not self.grid.first:
+            return None
+        return to_indexed(merge_named(parts), model_group_names(self.model))
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, indexed: dict) -> None:
+        """Load a whole-model indexed optimizer state (any layout's checkpoint) into this stage's optimizer."""
+        load_named_state(optimizer, self.module, to_named(indexed, model_group_names(self.model)), self.aliases)
+
+
+def model_group_names(model: nn.Module) -> list[list[str]]:
+    """Parameter names per optimizer group of the whole model (the checkpoint's index order)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in g["params"]] for g in param_groups(model, 0.0)]
+
+
+def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], max_norm: float,
+                   replicas: int) -> float:
+    """Clip by the global gradient norm over all stages: each stage's squared norm summed over the
+    world (replicas hold equal gradients after DDP, so the sum counts each stage `replicas` times)."""
+    grads = [p.grad for p in norm_params if p.grad is not None]
+    device = params[0].device
+    sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
+    dist.all_reduce(sq)
+    total = float((sq / replicas).sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        torch._foreach_mul_([p.grad for p in params if p.grad is not None], coef)
+    return total
+
+
+def all_finite(finite: bool, device: torch.device) -> bool:
+    """True when every rank's gradients were finite (fp16 loss scaling must skip everywhere or nowhere)."""
+    flag = torch.tensor([0.0 if finite else 1.0], device=device)
+    dist.all_reduce(flag)
+    return bool(flag.item() == 0)
+
+
+def report_stage_balance(model: GPT2LMHeadModel, layout: Layout, batch: int, seq_len: int, micro_batches: int,
+                         schedule: str, bytes_per_value: int) -> None:
+    """Print parameters and the activation memory each stage holds at its peak (analytic: per block
+    about 34 values per token and channel plus 5 per head and token pair, Korthikanti et al. 2022)."""
+    cfg = model.config
+    per_block = batch * seq_len * (34 * cfg.n_embd + 5 * cfg.n_head * seq_len) * bytes_per_value / 2
+    block_params = sum(p.numel() for p in model.transformer.h[0].parameters())
+    embed = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
+    log.info(f"Stage balance ({schedule}, {micro_batches} micro-batches of {batch} x {seq_len}):")
+    for s, n in enumerate(layout.layers_per_stage):
+        params = n * block_params + (embed if s == 0 else 0)
+        if s == layout.stages - 1 and layout.stages > 1:
+            params += model.transformer.wte.weight.numel() + 2 * cfg.n_embd  # head copy + ln_f
+        in_flight = micro_batches if schedule == "GPipe" else min(micro_batches, layout.stages - s)
+        log.info(f"  stage {s}: {n} blocks, {params / 1e6:.2f}M parameters, activations "
+                 f"{n * per_block / 2**20:.1f} MiB per micro-batch x {in_flight} in flight")
