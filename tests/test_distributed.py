@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import get_args_parser
 
+from gpt2forge.arguments import parse_args
 from gpt2forge.distributed import DistEnv, check_world
 from gpt2forge.errors import UsageError
+from gpt2forge.layout import build_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = re.compile(r"^(step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+),")
@@ -57,6 +59,49 @@ def test_two_replicas_with_zero1_equal_one_process_and_resume_in_another_layout(
     resumed = run(args(tiny_config, "--checkpoint-input-dir", str(ckpt / "step_2"),
                        "--resume-training-from-checkpoint", "true"))
     assert resumed == single[2:]
+
+
+def pipeline_args(cfg: Path, *extra: str) -> list[str]:
+    """2 stages (one block each) x 2 replicas, AdamW with weight decay and clipping."""
+    argv = args(cfg, "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2", *extra)
+    argv[argv.index("--replicated-tensor-sharding") + 1] = "false"
+    argv[argv.index("--optimizer") + 1] = "AdamW"
+    return argv + ["--weight-decay", "0.1"]
+
+
+def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_config, tmp_path):
+    # One process: both stages co-located, the 2 replicas as gradient accumulation (global batch 8).
+    single = run(pipeline_args(tiny_config))
+    assert len(single) == 4
+    # 2 stages x 2 replicas, 1F1B, checkpoint after step 2. The losses equal one process's only if the
+    # tied embedding gets the head's gradient (summed between the first and the last stage).
+    ckpt = tmp_path / "pp"
+    one_f_one_b = run(pipeline_args(tiny_config, "--pipeline-schedule", "1F1B", "--checkpoint-output-dir", str(ckpt),
+                                    "--save-per-steps", "2"), nproc=4)
+    assert one_f_one_b == single
+    # 2 stages x 1 replica (the missing replica becomes accumulation), GPipe, resumed from that checkpoint.
+    resume = ["--checkpoint-input-dir", str(ckpt / "step_2"), "--resume-training-from-checkpoint", "true"]
+    assert run(pipeline_args(tiny_config, "--pipeline-schedule", "GPipe", *resume), nproc=2) == single[2:]
+    # And in one process.
+    assert run(pipeline_args(tiny_config, *resume)) == single[2:]
+
+
+def test_pipeline_layout_errors_before_process_groups():
+    check_world(DistEnv(0, 0, 4), 2, stages=2)  # 2 stages x 2 replicas
+    check_world(DistEnv(0, 0, 1), 2, stages=4)  # fewer processes than stages: co-located
+    with pytest.raises(UsageError, match="3 processes cannot hold 2 pipeline stages"):
+        check_world(DistEnv(0, 0, 3), 2, stages=2)
+    with pytest.raises(UsageError, match="--replication-factor 3 is not a multiple of the 2 replicas"):
+        check_world(DistEnv(0, 0, 4), 3, stages=2)
+
+
+def test_1f1b_needs_a_micro_batch_per_stage():
+    cfg = parse_args(["--dataset", "generated", "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2"])
+    build_layout(cfg, 2, world_size=1)  # co-located stages: no schedule
+    with pytest.raises(UsageError, match="--pipeline-schedule 1F1B needs at least one micro-batch per stage"):
+        build_layout(cfg, 2, world_size=2)
+    build_layout(parse_args(["--dataset", "generated", "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2",
+                             "--pipeline-schedule", "GPipe"]), 2, world_size=2)
 
 
 def test_layout_that_does_not_divide_the_world_is_refused_before_process_groups():
