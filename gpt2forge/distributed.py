@@ -118,6 +118,45 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, env: DistEnv) -> dict
     return optimizer.state_dict()
 
 
+def resolve_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool, env: DistEnv) -> int:
+    """--zero-stage, defaulting to 1 with --replicated-tensor-sharding; 0 in one process (with a notice)."""
+    stage = zero_stage if zero_stage is not None else (1 if replicated_tensor_sharding else 0)
+    if stage and not env.enabled:
+        log.notice(f"ZeRO stage {stage}: one process, nothing to shard (launch replicas with torchrun)")
+        return 0
+    return stage
+
+
+def shard_model(model: torch.nn.Module, stage: int, offload: bool) -> None:
+    """FSDP2 (ZeRO-2/3): every block one unit, the root holding the embeddings, ln_f and the tied head.
+    Stage 2 keeps the gathered parameters from forward to backward (gradients and optimizer state
+    sharded); stage 3 re-shards them after forward (parameters sharded too). `offload` keeps the
+    shards, their gradients and the optimizer update in host memory (ZeRO-offload)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    kwargs = {"reshard_after_forward": stage == 3}
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for block in model.transformer.h:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(whole model state dict, named optimizer state) of an FSDP2 model, on the CPU of rank 0
+    (empty elsewhere); a collective of all ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_sharded_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named: dict) -> None:
+    """Load a whole-model named optimizer state (every rank holds it) into an FSDP2 model's optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum over ranks, in place; returns t (a no-op in one process)."""
     if dist.is_initialized():

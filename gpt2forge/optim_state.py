@@ -14,6 +14,14 @@ from typing import Any
 
 import torch
 
+from .optim import param_groups
+
+
+def model_group_names(model: torch.nn.Module) -> list[list[str]]:
+    """Parameter names per optimizer group of the whole model (the checkpoint's index order)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in g["params"]] for g in param_groups(model, 0.0)]
+
 
 def _group_names(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> list[list[str]]:
     return [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]

@@ -28,8 +28,7 @@ from .datasets import IGNORE_INDEX
 from .layout import Layout
 from .lm_head_loss import fused_lm_head_loss
 from .model import GPT2LMHeadModel, lm_loss
-from .optim import param_groups
-from .optim_state import load_named_state, merge_named, named_state, to_cpu, to_indexed, to_named
+from .optim_state import load_named_state, merge_named, model_group_names, named_state, to_cpu, to_indexed, to_named
 
 HEAD_COPY = "lm_head.weight"
 """The last stage's copy of `transformer.wte.weight` (the tied LM head)."""
@@ -227,12 +226,6 @@ class Pipeline:
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, indexed: dict) -> None:
         """Load a whole-model indexed optimizer state (any layout's checkpoint) into this stage's optimizer."""
         load_named_state(optimizer, self.module, to_named(indexed, model_group_names(self.model)), self.aliases)
-
-
-def model_group_names(model: nn.Module) -> list[list[str]]:
-    """Parameter names per optimizer group of the whole model (the checkpoint's index order)."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [[names[id(p)] for p in g["params"]] for g in param_groups(model, 0.0)]
 
 
 def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], max_norm: float,

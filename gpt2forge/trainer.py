@@ -19,33 +19,22 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from . import log
-from .checkpoint import load_training_state, save_checkpoint
 from .datasets import IGNORE_INDEX, DataRequest, collate, load_datasets, split_batch
 from .distributed import DistEnv, all_reduce_sum, barrier, check_world, device_for, env_from_launcher, \
-    full_optimizer_state, init_process_group, shutdown, wrap_data_parallel
+    init_process_group, resolve_zero_stage, shard_model, shutdown, wrap_data_parallel
 from .errors import UsageError
 from .layout import Layout, build_layout, report_layout, stages_of
 from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
 from .metrics import StepMeter, device_peak
 from .model import GPT2LMHeadModel, LMLoss
-from .observe import RunMonitor
 from .modeling import build_model, maybe_sample
+from .observe import RunMonitor
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
 from .pipeline import Grid, Pipeline, all_finite, clip_grad_norm, report_stage_balance
 from .runtime import PRECISION_DTYPES, LossScaler, autocast, configure_host_allocator, configure_matmul, maybe_compile, \
     resolve_device, resolve_precision, synchronize
 from .train_config import TrainConfig
-from .vocab import MERGES_FILE, VOCAB_FILE, asset_dir
-
-
-@dataclasses.dataclass
-class Progress:
-    """Where the run is; saved in every checkpoint so a resumed run continues exactly."""
-
-    step: int = 0  # host steps done
-    epoch: int = 0  # 0-based epoch of the next step
-    step_in_epoch: int = 0  # host steps done in the current epoch
-    updates: int = 0  # optimizer updates done
+from .train_state import Progress, checkpoint_name, resume, save, whole_model
 
 
 @dataclasses.dataclass
@@ -66,6 +55,7 @@ class Run:
     replica: DistEnv = DistEnv()  # this process's data-parallel replica among the replicas (data slicing)
     ddp: Any = None  # the DistributedDataParallel wrapper when running several processes
     pipeline: Pipeline | None = None  # this process's pipeline stage, when stages have their own processes
+    fsdp: bool = False  # ZeRO-2/3: `model` is sharded with FSDP2 (collectives in every forward)
 
     @property
     def stage_processes(self) -> int:
@@ -98,8 +88,11 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         totals = torch.zeros(3, device=run.device)
         for i, (x, y) in enumerate(pairs):
             # Gradients are all-reduced once per update, during the last micro-batch's backward.
-            sync = run.ddp is None or i == len(pairs) - 1
-            with autocast(run.device, run.precision), (contextlib.nullcontext() if sync else run.ddp.no_sync()):
+            sync = i == len(pairs) - 1
+            if run.fsdp:  # ZeRO-2/3: reduce-scatter once, in the last micro-batch's backward
+                run.model.set_requires_gradient_sync(sync)
+            with autocast(run.device, run.precision), \
+                    (contextlib.nullcontext() if sync or run.ddp is None else run.ddp.no_sync()):
                 out = run.forward(x, y)
                 (out.loss_sum * scale).backward()
             totals += _totals(out)
@@ -130,7 +123,8 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int] | None:
         result = _evaluate(run, dataset, DistEnv()) if run.dist_env.is_main else None
         barrier()
         return result
-    return _evaluate(run, dataset, run.replica)
+    # Sharded parameters are gathered in every forward: all ranks score the whole set in step.
+    return _evaluate(run, dataset, DistEnv() if run.fsdp else run.replica)
 
 
 def _evaluate(run: Run, dataset: Dataset, env: DistEnv) -> tuple[float, float, int]:
@@ -201,87 +195,6 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         raise UsageError(str(exc).rstrip().splitlines()[-1].split("UsageError: ", 1)[-1]) from None
 
 
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
-    """The one place checkpoints are written (rank 0; every rank joins the gathering of pipeline
-    stages and ZeRO-1 shards)."""
-    if run.pipeline is not None:
-        run.pipeline.gather_weights()
-        optimizer_state = run.pipeline.optimizer_state(run.optimizer)
-    else:
-        optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
-    if not run.dist_env.is_main:
-        barrier()  # wait until rank 0 has written it
-        return
-    state = {
-        "progress": dataclasses.asdict(progress),
-        "optimizer": optimizer_state,
-        "lr_scheduler": run.scheduler.state_dict(),
-        "loss_scaler": run.scaler.state_dict(),
-        "rng": _rng_state(),
-        "metrics": metrics,
-    }
-    path = save_checkpoint(run.cfg.checkpoint_output_dir, name, run.model, state, run.cfg.to_dict(),
-                           extra_files=tokenizer_files(run.model.config.vocab_size,
-                                                       run.cfg.tokenizer_name_or_path))
-    log.info(f"saved checkpoint {path}")
-    barrier()
-
-
-def tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:
-    """The tokenizer files to ship inside a checkpoint: --tokenizer-name-or-path's when given, else
-    the GPT-2 BPE files (HF vocab.json/merges.txt) when they apply."""
-    if tokenizer_path:
-        from .tokenizer import tokenizer_files as files_of
-
-        return files_of(tokenizer_path)
-    files = {f: asset_dir() / f for f in (VOCAB_FILE, MERGES_FILE)}
-    if vocab_size != 50257 or not all(p.is_file() for p in files.values()):
-        return {}
-    return files
-
-
-def _checkpoint_name(cfg: TrainConfig, progress: Progress, epoch_done: bool, last: bool) -> str | None:
-    if not cfg.checkpoint_output_dir:
-        return None
-    if epoch_done and progress.epoch % cfg.save_per_epochs == 0:
-        return f"epoch_{progress.epoch}"
-    if cfg.save_per_steps and progress.step % cfg.save_per_steps == 0:
-        return f"step_{progress.step}"
-    return f"step_{progress.step}" if last else None
-
-
-def _resume(run: Run, ckpt_dir, progress: Progress) -> None:
-    state = load_training_state(ckpt_dir)
-    try:
-        if run.pipeline is not None:
-            run.pipeline.load_optimizer_state(run.optimizer, state["optimizer"])
-        else:
-            run.optimizer.load_state_dict(state["optimizer"])
-        run.scheduler.load_state_dict(state["lr_scheduler"])
-        run.scaler.load_state_dict(state["loss_scaler"])
-        for k, v in state["progress"].items():
-            setattr(progress, k, v)
-        _set_rng_state(state["rng"])
-    except (KeyError, ValueError, RuntimeError) as exc:
-        raise UsageError(f"{ckpt_dir}: training state does not fit this run ({type(exc).__name__}: {exc}); "
-                         "resume with the same --model and --optimizer") from None
-    log.info(f"resumed from {ckpt_dir} at step {progress.step} (epoch {progress.epoch})")
-
-
 def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
     env = env_from_launcher()
@@ -310,25 +223,32 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
     offload = apply_memory_features(model, cfg, device)
-    shard = cfg.replicated_tensor_sharding and env.enabled
+    zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
+    shard = zero == 1
     if offload and shard:
-        raise UsageError("--optimizer-state-offchip with --replicated-tensor-sharding is not supported yet; "
-                         "drop one of them")
+        raise UsageError("--optimizer-state-offchip with ZeRO-1 (--replicated-tensor-sharding) is not supported; "
+                         "use --zero-stage 2 or 3 (FSDP2 with CPU offload) or drop one of them")
     pipeline, replica = None, env
     if layout.pipelined:
-        if shard:
-            raise UsageError("--replicated-tensor-sharding with pipeline stages in their own processes is not "
-                             "supported yet; drop it or launch fewer processes than stages")
+        if zero:
+            raise UsageError(f"ZeRO stage {zero} with pipeline stages in their own processes is not supported "
+                             "yet; drop --zero-stage/--replicated-tensor-sharding or launch fewer processes "
+                             "than stages")
         grid = Grid(layout.stages, layout.data_parallel, env.rank)
         pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation)
         replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
         report_stage_balance(model, layout, cfg.batch_size, cfg.max_len, accumulation, cfg.pipeline_schedule,
                              torch.finfo(PRECISION_DTYPES[precision]).bits // 8)
+    if zero >= 2:
+        if precision == "fp16":
+            raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
+        shard_model(model, zero, offload)
+        offload = False  # FSDP2 moves the shards and the update to the host itself
     optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
                                 cfg.weight_decay, device_type=device.type, offload=offload, shard=shard)
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
-    ddp = wrap_data_parallel(model, env, device) if pipeline is None else model
+    ddp = wrap_data_parallel(model, env, device) if pipeline is None and zero < 2 else model
     if pipeline is not None and cfg.torch_compile == "true":
         log.notice("--torch-compile is not applied to pipeline stages in their own processes")
     forward = maybe_compile(ddp, "true" if cfg.compile_only else cfg.torch_compile, device,
@@ -359,7 +279,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
     scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
     run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation,
-              dist_env=env, replica=replica, ddp=ddp if env.enabled and pipeline is None else None, pipeline=pipeline)
+              dist_env=env, replica=replica, ddp=ddp if ddp is not model else None, pipeline=pipeline,
+              fsdp=zero >= 2)
     if cfg.eval_wikitext or cfg.eval_lambada:
         from .evaluation.quick import QuickEval
 
@@ -367,7 +288,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
                                    cfg.batch_size)
     progress = Progress()
     if cfg.resume_training_from_checkpoint:
-        _resume(run, ckpt_dir, progress)
+        resume(run, ckpt_dir, progress)
     meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len),
                       device_peak(device, precision))
     monitor = RunMonitor(cfg, model.config, total_steps)
@@ -375,9 +296,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
         _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
     finally:
         monitor.close()
-    if pipeline is not None:
-        pipeline.gather_weights()
-    maybe_sample(cfg, model, device)
+    if cfg.sample_tokens:
+        maybe_sample(cfg, whole_model(run), device)
     return 0
 
 
@@ -434,17 +354,15 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                          f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
                 monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
                                     "val_loss": last_val[0], "val_perplexity": last_val[1]})
-            if run.quick_eval is not None and eval_now and run.pipeline is not None:
-                run.pipeline.gather_weights()
-            if run.quick_eval is not None and eval_now and log.rank() == 0:  # no collectives inside: rank 0 alone
-                quick = run.quick_eval.run(run.model, run.precision)
+            if run.quick_eval is not None and eval_now and (whole := whole_model(run)) is not None:
+                quick = run.quick_eval.run(whole, run.precision)  # rank 0 alone
                 log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
-            name = _checkpoint_name(cfg, progress, epoch_done, last)
+            name = checkpoint_name(cfg, progress, epoch_done, last)
             if name:
                 metrics = {"loss": loss, "acc": acc}
                 if last_val:
                     metrics.update(val_loss=last_val[0], val_perplexity=last_val[1])
-                _save(run, progress, name, metrics)
+                save(run, progress, name, metrics)
             if last or epoch_done:
                 break
 

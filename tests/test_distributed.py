@@ -61,6 +61,17 @@ def test_two_replicas_with_zero1_equal_one_process_and_resume_in_another_layout(
     assert resumed == single[2:]
 
 
+def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tmp_path):
+    single = run(args(tiny_config, "--weight-decay", "0.1"))
+    ckpt = tmp_path / "zero3"
+    zero3 = run(args(tiny_config, "--weight-decay", "0.1", "--zero-stage", "3", "--checkpoint-output-dir", str(ckpt),
+                     "--save-per-steps", "2"), nproc=2)
+    assert zero3 == single
+    resume = ["--checkpoint-input-dir", str(ckpt / "step_2"), "--resume-training-from-checkpoint", "true"]
+    assert run(args(tiny_config, "--weight-decay", "0.1", "--zero-stage", "2", *resume), nproc=2) == single[2:]
+    assert run(args(tiny_config, "--weight-decay", "0.1", *resume)) == single[2:]
+
+
 def pipeline_args(cfg: Path, *extra: str) -> list[str]:
     """2 stages (one block each) x 2 replicas, AdamW with weight decay and clipping."""
     argv = args(cfg, "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2", *extra)
