@@ -83,6 +83,7 @@ def build_optimizer(
     device_type: str = "cpu",
     offload: bool = False,
     shard: bool = False,
+    shard_group=None,
 ) -> torch.optim.Optimizer:
     """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`.
 
@@ -96,6 +97,7 @@ def build_optimizer(
             type and every parameter dtype support it, else the foreach implementation.
         offload: keep the state and run the update in host memory (`OffloadedOptimizer`).
         shard: shard the state across the data-parallel ranks (ZeRO-1, needs torch.distributed).
+        shard_group: the process group of those ranks (default: all ranks).
 
     Raises:
         UsageError: unknown `name`, negative `lr` or `weight_decay`.
@@ -119,7 +121,7 @@ def build_optimizer(
         if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            return ZeroRedundancyOptimizer(groups, optimizer_class=cls, **kwargs)
+            return ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=shard_group, **kwargs)
         return cls(groups, **kwargs)
 
     groups = param_groups(model, weight_decay)

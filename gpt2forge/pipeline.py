@@ -214,6 +214,10 @@ class Pipeline:
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
         """The whole model's indexed optimizer state on rank 0 (None elsewhere); a collective."""
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        if isinstance(optimizer, ZeroRedundancyOptimizer):  # each stage's shards to its replica 0
+            optimizer.consolidate_state_dict(to=0)
         if self.grid.replica != 0:
             return None
         part = to_cpu(named_state(optimizer, self.module, self.aliases))

@@ -230,10 +230,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
                          "use --zero-stage 2 or 3 (FSDP2 with CPU offload) or drop one of them")
     pipeline, replica = None, env
     if layout.pipelined:
-        if zero:
-            raise UsageError(f"ZeRO stage {zero} with pipeline stages in their own processes is not supported "
-                             "yet; drop --zero-stage/--replicated-tensor-sharding or launch fewer processes "
-                             "than stages")
+        if zero >= 2:
+            raise UsageError(f"--zero-stage {zero} with pipeline stages in their own processes is not supported; "
+                             "use --zero-stage 1 (--replicated-tensor-sharding) or launch fewer processes than stages")
         grid = Grid(layout.stages, layout.data_parallel, env.rank)
         pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation)
         replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
@@ -244,8 +243,10 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
             raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
         shard_model(model, zero, offload)
         offload = False  # FSDP2 moves the shards and the update to the host itself
+    shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
     optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
-                                cfg.weight_decay, device_type=device.type, offload=offload, shard=shard)
+                                cfg.weight_decay, device_type=device.type, offload=offload, shard=shard,
+                                shard_group=pipeline.dp_group if pipeline else None)
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
     ddp = wrap_data_parallel(model, env, device) if pipeline is None and zero < 2 else model

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpt2-large pretraining with the reference's POD16 layout (GPT-2 large, 762M, SL 512). Runs anywhere: launched with
-# torchrun (NPROC_PER_NODE processes, one per replica/GPU); stages run co-located in each process and replicas
-# without a process become gradient accumulation. Extra flags pass through, e.g. --training-steps 10 --device cuda.
+# torchrun: NPROC_PER_NODE = stages x replicas runs every stage in its own process (pipeline); fewer processes
+# run the stages co-located in each, and replicas without a process become gradient accumulation. Extra flags pass through, e.g. --training-steps 10 --device cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source run/launch.sh  # torchrun: NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR

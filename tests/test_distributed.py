@@ -5,6 +5,7 @@ launcher scripts, and layout errors before any process group work."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -72,10 +73,42 @@ def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tm
     assert run(args(tiny_config, "--weight-decay", "0.1", *resume)) == single[2:]
 
 
+def _pid_of_rank(rank: int) -> int | None:
+    """The torchrun worker process whose environment says RANK=rank."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in environ):
+            return int(pid)
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find the worker")
+def test_a_rank_that_dies_ends_the_job_promptly_naming_it(tiny_config):
+    argv = args(tiny_config)
+    argv[argv.index("--training-steps") + 1] = "100000"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             *argv], cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert any(line.startswith("step ") for line in proc.stdout), "training never started"
+        pid = _pid_of_rank(1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)  # promptly: no hang in a collective
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    root_cause = err.split("Root Cause", 1)[1]
+    assert "rank      : 1" in root_cause and "SIGKILL" in root_cause
+
+
 def pipeline_args(cfg: Path, *extra: str) -> list[str]:
-    """2 stages (one block each) x 2 replicas, AdamW with weight decay and clipping."""
+    """2 stages (one block each) x 2 replicas with ZeRO-1 across them, AdamW with weight decay and clipping."""
     argv = args(cfg, "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2", *extra)
-    argv[argv.index("--replicated-tensor-sharding") + 1] = "false"
     argv[argv.index("--optimizer") + 1] = "AdamW"
     return argv + ["--weight-decay", "0.1"]
 
@@ -84,7 +117,7 @@ def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_c
     # One process: both stages co-located, the 2 replicas as gradient accumulation (global batch 8).
     single = run(pipeline_args(tiny_config))
     assert len(single) == 4
-    # 2 stages x 2 replicas, 1F1B, checkpoint after step 2. The losses equal one process's only if the
+    # 2 stages x 2 replicas (ZeRO-1 within each stage), 1F1B, checkpoint after step 2. The losses equal one process's only if the
     # tied embedding gets the head's gradient (summed between the first and the last stage).
     ckpt = tmp_path / "pp"
     one_f_one_b = run(pipeline_args(tiny_config, "--pipeline-schedule", "1F1B", "--checkpoint-output-dir", str(ckpt),
