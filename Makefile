@@ -53,8 +53,11 @@ train: setup $(CORPUS)
 test: setup
 	$(PY) -m pytest -q
 
+# make bench BENCH=<benchmark, variant or group> (groups: cpu, cpu-host, cuda, all; see benchmarks.yml)
+BENCH      ?= cpu
+BENCH_ARGS ?=
 bench: setup
-	$(PY) benchmarks/train_throughput.py
+	$(PY) -m gpt2forge.benchmark --spec benchmarks.yml --benchmark $(BENCH) $(BENCH_ARGS)
 
 clean:
 	test -x $(PY) && $(PY) -m gpt2forge.custom_ops clean --out-dir build/custom_ops || rm -f $(OPS_LIB)

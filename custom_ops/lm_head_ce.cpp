@@ -152,6 +152,21 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
                     vocab_size, ") and is not ignore_index ", ignore_index);
 }
 
+// (n, vlen) fp32 logits of the vocabulary columns [v0, v0 + vlen): h (n, C) @ W[v0:v0 + vlen].T.
+// Computed kLogitsTile columns at a time, each tile copied into place while it is still in cache:
+// one mm whose output is (n, 50k) wide runs far below the speed of mm's whose output fits the cache
+// (MKL, 2-core AVX2, n = 667, C = 768: 110 vs 165-175 GFLOP/s), and the copy costs less than that.
+constexpr int64_t kLogitsTile = 256;
+
+at::Tensor logits_of(const at::Tensor& h, const at::Tensor& W, int64_t v0, int64_t vlen) {
+  at::Tensor out = at::empty({h.size(0), vlen}, h.options().dtype(at::kFloat));
+  for (int64_t c0 = 0; c0 < vlen; c0 += kLogitsTile) {
+    const int64_t w = std::min(kLogitsTile, vlen - c0);
+    out.narrow(1, c0, w).copy_(at::mm(h, W.narrow(0, v0 + c0, w).t()));
+  }
+  return out;
+}
+
 // Returns (stats (3,) fp32 = [loss sum, correct, scored], grad_hidden (N, C) like hidden,
 // grad_weight (V_pad, C) fp32); the gradients are empty (0 elements) without compute_grad.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
@@ -180,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
     at::Tensor logits;  // (n, vlen) fp32, the last chunk's
     for (int64_t v0 = 0; v0 < V; v0 += vchunk) {
       const int64_t vlen = std::min(vchunk, V - v0);
-      logits = at::mm(h, W.narrow(0, v0, vlen).t()).to(at::kFloat).contiguous();
+      logits = logits_of(h, W, v0, vlen);
       float* lp = logits.mutable_data_ptr<float>();
       at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
@@ -201,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
     for (int64_t v0 = 0; v0 < V; v0 += vchunk) {
       const int64_t vlen = std::min(vchunk, V - v0);
       const at::Tensor Wv = W.narrow(0, v0, vlen);
-      if (!single) logits = at::mm(h, Wv.t()).to(at::kFloat).contiguous();
+      if (!single) logits = logits_of(h, W, v0, vlen);
       float* lp = logits.mutable_data_ptr<float>();
       at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {

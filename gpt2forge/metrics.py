@@ -94,8 +94,12 @@ class StepMeter:
         self.peak = peak
 
     def rates(self, seconds: float) -> tuple[float, float, str]:
-        """(samples/s, tokens/s, MFU text)."""
+        """(samples/s, tokens/s, MFU text as the step line prints it: "12.3%" or "unknown")."""
         samples = self.samples_per_step / seconds
         tokens = samples * self.seq_len
-        mfu = "unknown" if not self.peak else f"{100.0 * tokens * self.flops_per_token / self.peak:.1f}%"
-        return samples, tokens, mfu
+        mfu = self.mfu(tokens)
+        return samples, tokens, "unknown" if mfu is None else f"{100.0 * mfu:.1f}%"
+
+    def mfu(self, tokens_per_sec: float) -> float | None:
+        """MFU as a fraction (0.123 = 12.3%), None when the device peak is unknown."""
+        return tokens_per_sec * self.flops_per_token / self.peak if self.peak else None

@@ -136,6 +136,15 @@ class TrainConfig:
                                    "non-strict) whenever the validation set is evaluated")
     sample_tokens: int = opt(0, "(new) after training, print a sample of this many generated tokens")
     sample_prompt: str = opt("\n", "(new) prompt of that sample")
+    metrics_file: str | None = opt(None, "(new) JSON-lines file of every step's and evaluation's metrics (plot it "
+                                   "with gpt2forge-plot); default: metrics.jsonl in --checkpoint-output-dir, "
+                                   "else runs/<run name>/metrics.jsonl")
+    tensorboard_dir: str | None = opt(None, "(new) also write TensorBoard scalars here (loss, lr, throughput, MFU, "
+                                      "memory, grad norm when known, validation)")
+    profile_steps: str | None = opt(None, "(new) profile host steps A to B (counting from 1, both included), "
+                                    "e.g. 3:4, with the PyTorch profiler (CPU and CUDA)")
+    profile_dir: str | None = opt(None, "(new) where --profile-steps writes trace.json (Chrome/Perfetto) and "
+                                  "top_ops.txt; default: profile/ beside the metrics file")
 
     def __post_init__(self) -> None:
         problems = []

@@ -151,3 +151,23 @@ def test_dropout_keeps_expectation_and_rate():
     assert abs(float((y == 0).float().mean()) - 0.25) < 0.01
     assert abs(float(y.mean()) - 1.0) < 0.02
     assert torch.equal(drop.eval()(torch.ones(5)), torch.ones(5))
+
+
+def test_fused_loss_over_several_logits_tiles_equals_plain_loss_and_gradients():
+    # 700 vocabulary columns: the C++ kernel computes its logits in tiles (custom_ops/lm_head_ce.cpp,
+    # kLogitsTile = 256), so this crosses two tile edges and ends on a partial tile.
+    from gpt2forge.lm_head_loss import LossChunking
+
+    cfg = tiny(vocab_size=700)
+    ids = torch.randint(0, cfg.vocab_size, (2, 12))
+    results = []
+    for chunking in (None, LossChunking(), LossChunking(token_chunk=5, vocab_chunks=3)):
+        model = ours(cfg).train()
+        model.fused_loss = chunking
+        out = model(ids, ids)
+        out.loss_sum.backward()
+        results.append((out.loss_sum.detach(), out.correct, model.transformer.wte.weight.grad,
+                        model.transformer.h[0].attn.c_attn.weight.grad))
+    for got in results[1:]:
+        for x, ref in zip(got, results[0]):
+            torch.testing.assert_close(x.float(), ref.float(), rtol=1e-5, atol=1e-5)
