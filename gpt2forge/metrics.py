@@ -80,7 +80,9 @@ def device_peak(device: torch.device, precision: str) -> float | None:
     if device.type == "cuda":
         return gpu_peak(device, precision)
     if device.type == "cpu":
-        return cpu_peak(precision)
+        # A CPU without native bf16/fp16 kernels may run a reduced-precision matmul slower than fp32
+        # (emulated) while autocast training does much of its work in fp32: the peak is the faster one.
+        return cpu_peak(precision) if precision == "fp32" else max(cpu_peak(precision), cpu_peak("fp32"))
     return None
 
 

@@ -7,9 +7,9 @@ taking a flat dict of numbers, so a new sink never touches the training loop. On
 Where things go:
   metrics file  --metrics-file, else <--checkpoint-output-dir>/metrics.jsonl, else
                 runs/<run name>_<timestamp>/metrics.jsonl (runs/ = $GPT2FORGE_RUNS_DIR when set); one
-                JSON object per line,
-                {"kind": "train" | "validation", "step": ..., "tokens": ..., ...}; appended to, so a
-                resumed run continues its file (`gpt2forge.plot` keeps the last record of a step)
+                JSON object per line, {"kind": "train" | "validation", "step": ..., "tokens": ..., ...};
+                a fresh run starts the file, a resumed run appends to it (re-done steps appear
+                twice: `gpt2forge.plot` keeps the last record of a step)
   profile       --profile-dir, else $GPT2FORGE_PROFILE_DIR, else profile/ beside the metrics file;
                 steps from --profile-steps, else $GPT2FORGE_PROFILE_STEPS (the benchmark runner's
                 --profile sets both)
@@ -83,7 +83,8 @@ class RunMonitor:
         name = run_name(cfg, model_config)
         path = metrics_path(cfg, name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._metrics = path.open("a", encoding="utf-8")
+        # A resumed run continues its file; a fresh one starts it anew (not mixed with an earlier run's).
+        self._metrics = path.open("a" if cfg.resume_training_from_checkpoint else "w", encoding="utf-8")
         log.info(f"Metrics file: {path} (plot: python -m gpt2forge.plot {path} --out DIR)")
         steps = cfg.profile_steps or os.environ.get(PROFILE_STEPS_ENV)
         if steps:

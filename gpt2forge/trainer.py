@@ -344,7 +344,7 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                          f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%")
             monitor.step({"step": progress.step, "epoch": epoch, "tokens": progress.step * cfg.tokens_per_step,
                           "loss": loss, "acc": acc, "lr": lr, "samples_per_sec": samples_s,
-                          "tokens_per_sec": tokens_s, "mfu": mfu, "peak_memory_gib": peak_gib,
+                          "tokens_per_sec": tokens_s, "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib,
                           "data_wait_pct": wait_pct})
             eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
             if run.pipeline is not None and progress.step == 1:
