@@ -153,17 +153,22 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
 }
 
 // (n, vlen) fp32 logits of the vocabulary columns [v0, v0 + vlen): h (n, C) @ W[v0:v0 + vlen].T.
-// Computed kLogitsTile columns at a time, each tile copied into place while it is still in cache:
-// one mm whose output is (n, 50k) wide runs far below the speed of mm's whose output fits the cache
-// (MKL, 2-core AVX2, n = 667, C = 768: 110 vs 165-175 GFLOP/s), and the copy costs less than that.
-constexpr int64_t kLogitsTile = 256;
+// One mm with an (n, 50k)-wide output runs well below the speed of mm's whose output fits the
+// cache (MKL, 2-core AVX2, n = 667, C = 768: 110 vs 165-175 GFLOP/s). So the columns go in tiles,
+// each computed and copied into place by one thread while still in its cache: one parallel
+// region for all tiles (many small multi-threaded mm's would each pay a barrier, which costs
+// most on a loaded machine).
+constexpr int64_t kLogitsTile = 256;  // columns; 2-core AVX2: 128-512 measured alike
 
 at::Tensor logits_of(const at::Tensor& h, const at::Tensor& W, int64_t v0, int64_t vlen) {
   at::Tensor out = at::empty({h.size(0), vlen}, h.options().dtype(at::kFloat));
-  for (int64_t c0 = 0; c0 < vlen; c0 += kLogitsTile) {
-    const int64_t w = std::min(kLogitsTile, vlen - c0);
-    out.narrow(1, c0, w).copy_(at::mm(h, W.narrow(0, v0 + c0, w).t()));
-  }
+  const int64_t tiles = (vlen + kLogitsTile - 1) / kLogitsTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t c0 = t * kLogitsTile, w = std::min(kLogitsTile, vlen - c0);
+      out.narrow(1, c0, w).copy_(at::mm(h, W.narrow(0, v0 + c0, w).t()));
+    }
+  });
   return out;
 }
 
