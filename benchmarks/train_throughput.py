@@ -2,8 +2,10 @@
 
 One training step = forward + loss + backward + optimizer update on one (B, T) batch. Compared:
 
-  ours          gpt2forge as the trainer runs it: `trainer.train_step` on a `torch.compile`d model,
-                fused AdamW from `optim.build_optimizer`, our summed LM loss divided by the tokens
+  ours          gpt2forge as the trainer runs it with `--torch-compile true` (what `make train`
+                passes; the default `auto` compiles on CUDA only): `trainer.train_step` on the
+                `torch.compile`d model (default mode), fused AdamW from `optim.build_optimizer`,
+                the fused LM head + loss (`--lm-loss fused`, the default), summed loss / tokens
   transformers  `transformers.GPT2LMHeadModel` (attn_implementation="sdpa"), eager, HF's own loss
                 via `labels=`, `torch.optim.AdamW` with its default implementation flags
 
@@ -22,6 +24,8 @@ metrics.device_peak. The target is a ratio (STYLE.md: targets are checked by sid
 benchmarks, never by timed tests); missing it is reported, not an error.
 
     .venv/bin/python benchmarks/train_throughput.py                      # B=4, T=256, fp32 + bf16
+    # a CPU without bf16 instructions (AVX2-only x86) emulates bf16 ~100x slower: skipped unless asked
+    .venv/bin/python benchmarks/train_throughput.py --precisions bf16 --include-emulated --batch-size 1 --seq-len 32
     .venv/bin/python benchmarks/train_throughput.py --precisions bf16 --steps 5 --json out.json
 """
 
@@ -63,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warm-compile-cache", action="store_true",
                    help="let torch.compile reuse its on-disk caches (as a re-run of the trainer does); by default "
                         "ours compiles into a fresh empty cache directory, so the compile time is a cold one")
+    p.add_argument("--include-emulated", action="store_true",
+                   help="also run a bf16/fp16 precision this CPU only emulates (~100x slower than fp32: the GPT-2 "
+                        "small shape then takes tens of minutes); by default it is skipped with a note")
     p.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
     args = p.parse_args(argv)
     args.precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
@@ -347,6 +354,17 @@ def main(argv: list[str] | None = None) -> int:
           f"B={args.batch_size}, T={args.seq_len}, {args.warmup} warm-up + {args.steps} timed steps, "
           f"device {device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), "
           f"torch {torch.__version__}")
+    from gpt2forge.runtime import cpu_half_matmul_is_emulated
+
+    emulated = [x for x in args.precisions if device.type == "cpu" and cpu_half_matmul_is_emulated(x)]
+    action = "measured anyway (--include-emulated)" if args.include_emulated else "skipped; --include-emulated runs it"
+    for precision in emulated:
+        print(f"note: this CPU has no {precision} matmul kernels, so both implementations' {precision} "
+              f"matmuls are emulated (far slower than fp32): {action}")
+    if not args.include_emulated:
+        args.precisions = [x for x in args.precisions if x not in emulated]
+    if not args.precisions:
+        return 0
     ctx = mp.get_context("spawn")
     summaries = []
     for precision in args.precisions:
@@ -362,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{summaries[0]['impls']['ours']['memory_source']} of each worker process (compilation included); "
           f"compile s = first step - step s; ratio = ours / transformers")
     o, t = summaries[0]["impls"]["ours"], summaries[0]["impls"]["transformers"]
-    print(f"ours: {'torch.compile' if o['compiled'] else 'eager'}, {o['optimizer']}; transformers: eager, "
+    print(f"ours: {'torch.compile (--torch-compile true)' if o['compiled'] else 'eager'}, {o['optimizer']}, "
+          f"{o['lm_loss']} LM loss; transformers: eager, "
           f"attn_implementation={t['attn_implementation']}, {t['optimizer']}")
     for s in summaries:
         o, t = s["impls"]["ours"], s["impls"]["transformers"]

@@ -188,8 +188,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
   const at::Tensor y = labels.contiguous();
   const int64_t* yp = y.const_data_ptr<int64_t>();
   at::Tensor grad_hidden = compute_grad ? at::empty_like(hidden) : at::empty({0}, hidden.options());
-  at::Tensor grad_weight = compute_grad ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat))
-                                        : at::empty({0}, weight.options().dtype(at::kFloat));
+  at::Tensor grad_weight = at::empty({0}, weight.options().dtype(at::kFloat));
+  if (compute_grad) {
+    // The first row chunk writes rows [0, V) of the weight gradient (no zero-filling pass over
+    // its V x C floats); the padding rows [V, V_pad) stay zero.
+    grad_weight = at::empty(weight.sizes(), weight.options().dtype(at::kFloat));
+    const int64_t first_zero = N > 0 ? V : 0;
+    grad_weight.narrow(0, first_zero, weight.size(0) - first_zero).zero_();
+  }
   std::vector<double> row_loss(N, 0.0);
   std::vector<uint8_t> row_correct(N, 0);
 
@@ -246,7 +252,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
         gh32.add_(at::mm(d, Wv));
       }
       at::Tensor gw = grad_weight.narrow(0, v0, vlen);  // contiguous rows
-      if (cdt == at::kFloat) {
+      if (t0 == 0 && cdt == at::kFloat) {
+        at::mm_out(gw, d.t(), h);
+      } else if (t0 == 0) {
+        gw.copy_(at::mm(d.t(), h));
+      } else if (cdt == at::kFloat) {
         gw.addmm_(d.t(), h);
       } else {
         gw.add_(at::mm(d.t(), h));

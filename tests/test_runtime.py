@@ -84,3 +84,15 @@ def test_host_allocator_setting_applies_once_and_yields_to_the_environment():
     env["MALLOC_MMAP_MAX_"] = "65536"  # the user's own setting wins
     kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert kept.stdout.strip() == "False"
+
+
+def test_emulated_half_precision_on_cpu_is_announced(monkeypatch, capsys):
+    from gpt2forge import log, runtime
+
+    assert runtime.cpu_half_matmul_is_emulated("fp32") is False
+    monkeypatch.setattr(log, "_seen_notices", set())  # notices print once per process
+    monkeypatch.setattr(runtime, "cpu_half_matmul_is_emulated", lambda precision: precision == "bf16")
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    assert "--precision bf16: this CPU has no bf16 matmul kernels" in capsys.readouterr().err
+    assert resolve_precision("fp16", torch.device("cpu")) == "fp16"
+    assert "notice" not in capsys.readouterr().err
