@@ -47,8 +47,9 @@ def _cache_file() -> Path:
 def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
     """FLOP/s of an n x n x n matmul in `precision` on this CPU, best of `reps`."""
     dtype = PRECISION_DTYPES[precision]
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run's dropout depends on it
+    a = torch.randn(n, n, generator=gen).to(dtype)
+    b = torch.randn(n, n, generator=gen).to(dtype)
     torch.mm(a, b)  # warm-up: thread pool, packing buffers
     best = float("inf")
     for _ in range(reps):

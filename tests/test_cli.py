@@ -36,7 +36,7 @@ def shipped_command_lines() -> list[tuple[str, list[str]]]:
             out.append((name, script_args(entry["cmd"].replace("\n", " "))))  # the runner joins lines
     make_args = re.search(r"TRAIN_ARGS \?= (.*?)\n\n", (ROOT / "Makefile").read_text(), re.S).group(1)
     out.append(("make train", shlex.split(make_args.replace("\\\n", " ").replace("$(CORPUS)", "c.pkl")
-                                          .replace("$(CKPT_DIR)", "ck"))))
+                                          .replace("$(CKPT_DIR)", "ck").replace("$(PRECISION)", "bf16"))))
     for block in re.findall(r"```\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
         if "python train_gpt2.py" in block and "..." not in block:
             out.append(("README", script_args(block)))
