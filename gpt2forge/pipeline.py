@@ -9,9 +9,10 @@ embedding. After each update's backward the two copies' gradients are summed bet
 and the last stage (Megatron's tied-embedding all-reduce), so both receive the same update and stay
 equal. Gradients are exactly those of one process running the whole model.
 
-Every rank builds the whole model (same seed, same weights) and keeps the blocks of its stage;
-rank 0 (stage 0 of replica 0) gathers the other stages' weights before evaluating, sampling or
-saving, so those run unchanged on one whole model.
+Every rank builds the whole model (same seed, same weights) and keeps the blocks of its stage
+(the others move to the meta device: no memory); rank 0 (stage 0 of replica 0) keeps a whole
+model and gathers the other stages' weights into it before evaluating, sampling or saving, so
+those run unchanged on one whole model.
 """
 
 from __future__ import annotations
@@ -128,12 +129,26 @@ class Pipeline:
         blocks = [i for i, s in enumerate(layout.stage_of_layer()) if s == grid.stage]
         self.dp_group = dp_groups[grid.stage]
         self.module = StageModule(model, blocks, grid.first, grid.last).to(device)
+        if grid.rank != 0:
+            self._release_other_stages(blocks)
         self.loss = StageLoss(self.module, model)
         stage = PipelineStage(self.module, grid.stage, S, device, group=self.pp_group)
         cls = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
         # scale_grads=False: the loss is already divided by the global token count.
         self.schedule = cls(stage, micro_batches, loss_fn=self.loss, scale_grads=False)
         self.aliases = {HEAD_COPY: WTE} if grid.last and not grid.first else {}
+
+    def _release_other_stages(self, blocks: list[int]) -> None:
+        """Free the weights this rank never uses (shapes stay, for the optimizer state's names)."""
+        t = self.model.transformer
+        unused = [b for i, b in enumerate(t.h) if i not in blocks]
+        if not self.grid.first:
+            unused += [t.wte, t.wpe]
+        if not self.grid.last:
+            unused.append(t.ln_f)
+        for module in unused:
+            module.to("meta")
+        self.model.lm_head.weight = t.wte.weight  # re-tie: moving made a new parameter
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
@@ -203,7 +218,7 @@ class Pipeline:
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 src = self.owner(name)
-                if src == 0:
+                if src == 0 or not (self.grid.first or self.grid.stage == src):
                     continue
                 if self.grid.stage == src:
                     dist.send(tensor.contiguous(), dst=0)
