@@ -222,31 +222,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
-    offload = apply_memory_features(model, cfg, device)
-    zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
-    shard = zero == 1
-    if offload and shard:
-        raise UsageError("--optimizer-state-offchip with ZeRO-1 (--replicated-tensor-sharding) is not supported; "
-                         "use --zero-stage 2 or 3 (FSDP2 with CPU offload) or drop one of them")
-    pipeline, replica = None, env
-    if layout.pipelined:
-        if zero >= 2:
-            raise UsageError(f"--zero-stage {zero} with pipeline stages in their own processes is not supported; "
-                             "use --zero-stage 1 (--replicated-tensor-sharding) or launch fewer processes than stages")
-        grid = Grid(layout.stages, layout.data_parallel, env.rank)
-        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation)
-        replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
-        report_stage_balance(model, layout, cfg.batch_size, cfg.max_len, accumulation, cfg.pipeline_schedule,
-                             torch.finfo(PRECISION_DTYPES[precision]).bits // 8)
-    if zero >= 2:
-        if precision == "fp16":
-            raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
-        shard_model(model, zero, offload)
-        offload = False  # FSDP2 moves the shards and the update to the host itself
-    shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
-    optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
-                                cfg.weight_decay, device_type=device.type, offload=offload, shard=shard,
-                                shard_group=pipeline.dp_group if pipeline else None)
+    pipeline, replica, optimizer, zero = _parallelize(cfg, env, layout, model, device, precision, accumulation)
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
     ddp = wrap_data_parallel(model, env, device) if pipeline is None and zero < 2 else model
@@ -300,6 +276,38 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     if cfg.sample_tokens:
         maybe_sample(cfg, whole_model(run), device)
     return 0
+
+
+def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
+                 precision: str, accumulation: int) -> tuple[Pipeline | None, DistEnv, torch.optim.Optimizer, int]:
+    """Memory features, pipeline stages, ZeRO sharding and the optimizer over what this process trains.
+    Returns (pipeline stage or None, this process's replica, optimizer, ZeRO stage)."""
+    offload = apply_memory_features(model, cfg, device)
+    zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
+    shard = zero == 1
+    if offload and shard:
+        raise UsageError("--optimizer-state-offchip with ZeRO-1 (--replicated-tensor-sharding) is not supported; "
+                         "use --zero-stage 2 or 3 (FSDP2 with CPU offload) or drop one of them")
+    pipeline, replica = None, env
+    if layout.pipelined:
+        if zero >= 2:
+            raise UsageError(f"--zero-stage {zero} with pipeline stages in their own processes is not supported; "
+                             "use --zero-stage 1 (--replicated-tensor-sharding) or launch fewer processes than stages")
+        grid = Grid(layout.stages, layout.data_parallel, env.rank)
+        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation)
+        replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
+        report_stage_balance(model, layout, cfg.batch_size, cfg.max_len, accumulation, cfg.pipeline_schedule,
+                             torch.finfo(PRECISION_DTYPES[precision]).bits // 8)
+    if zero >= 2:
+        if precision == "fp16":
+            raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
+        shard_model(model, zero, offload)
+        offload = False  # FSDP2 moves the shards and the update to the host itself
+    shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
+    optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
+                                cfg.weight_decay, device_type=device.type, offload=offload, shard=shard,
+                                shard_group=pipeline.dp_group if pipeline else None)
+    return pipeline, replica, optimizer, zero
 
 
 def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
