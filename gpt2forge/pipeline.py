@@ -226,6 +226,22 @@ class Pipeline:
                     buf = torch.empty_like(tensor)
                     dist.recv(buf, src=src)
                     tensor.copy_(buf)
+            self._check_tied_copies()
+
+    def _check_tied_copies(self) -> None:
+        """The last stage's head copy must equal stage 0's embedding (same gradients, same updates);
+        a difference is a bug, never silently saved."""
+        if self.grid.stages == 1:
+            return
+        if self.grid.last:
+            dist.send(self.module.lm_head.weight.detach().contiguous(), dst=0)
+        elif self.grid.first:
+            wte = self.model.transformer.wte.weight.detach()
+            head = torch.empty_like(wte)
+            dist.recv(head, src=self.grid.stages - 1)
+            if not torch.equal(head, wte):
+                raise RuntimeError(f"pipeline: the last stage's LM head differs from stage 0's embedding "
+                                   f"(max |diff| {float((head - wte).abs().max()):.3g}); the tied copies diverged")
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
         """The whole model's indexed optimizer state on rank 0 (None elsewhere); a collective."""
