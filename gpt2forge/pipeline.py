@@ -136,6 +136,7 @@ class Pipeline:
         cls = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
         # scale_grads=False: the loss is already divided by the global token count.
         self.schedule = cls(stage, micro_batches, loss_fn=self.loss, scale_grads=False)
+        self.micro_batches = micro_batches
         self.aliases = {HEAD_COPY: WTE} if grid.last and not grid.first else {}
 
     def _release_other_stages(self, blocks: list[int]) -> None:
@@ -158,7 +159,7 @@ class Pipeline:
         embedding, counted there)."""
         return [p for n, p in self.module.named_parameters() if p.requires_grad and n not in self.aliases]
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    def step(self, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
         """Forward and backward of one update's micro-batches (x, y: (micro-batches * B, T), split
         along dim 0). Returns (3,) loss sum, correct, tokens (non-zero on the last stage only)."""
         self.loss.scale = scale
@@ -172,7 +173,7 @@ class Pipeline:
         self._average_replicas()
         self._sum_tied_gradients()
         # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
-        real = self.loss.records[-self.schedule._n_microbatches:]
+        real = self.loss.records[-self.micro_batches:]
         return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
 
     def _average_replicas(self) -> None:
