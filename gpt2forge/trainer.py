@@ -130,7 +130,9 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int] | None:
 def _evaluate(run: Run, dataset: Dataset, env: DistEnv) -> tuple[float, float, int]:
     run.model.eval()
     totals = torch.zeros(3, device=run.device)
-    if env.enabled and not isinstance(dataset, IterableDataset):  # each replica scores its share
+    if hasattr(dataset, "world_size"):  # a stream shards itself: by `env`, not by the process group
+        dataset.rank, dataset.world_size = env.rank, env.world_size
+    elif env.enabled:  # each replica scores its share
         dataset = torch.utils.data.Subset(dataset, range(env.rank, len(dataset), env.world_size))
     loader = DataLoader(dataset, batch_size=run.cfg.batch_size, collate_fn=collate)
     for batch in loader:
