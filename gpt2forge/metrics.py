@@ -70,7 +70,10 @@ def cpu_peak(precision: str) -> float:
     # fp32 is cheap to re-measure: keep the best seen, so one measurement taken while the machine
     # was busy does not inflate every later MFU.
     if key not in cache or precision == "fp32":
-        cache[key] = max(cache.get(key, 0.0), measure_cpu_peak(precision))
+        best = max(cache.get(key, 0.0), measure_cpu_peak(precision))
+        if best == cache.get(key):
+            return best
+        cache[key] = best
         try:
             write_atomic(path, json.dumps(cache, indent=1))
         except OSError:

@@ -228,12 +228,7 @@ class GPT2LMHeadModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., C) -> (..., padded_vocab) with the padded columns at -inf (never sampled or predicted)."""
-        out = self.lm_head(hidden)
-        V = self.config.vocab_size
-        if out.shape[-1] > V:
-            # In place on the matmul output: mm does not save its output for backward.
-            out[..., V:] = float("-inf")
-        return out
+        return head_logits(hidden, self.lm_head.weight, self.config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
         """input_ids (B, T) int64.
@@ -244,12 +239,26 @@ class GPT2LMHeadModel(nn.Module):
         hidden = self.transformer(input_ids)  # (B, T, C)
         if labels is None:
             return self.logits(hidden)
-        if self.fused_loss is not None:  # the (B*T, V) logits are never materialized
-            loss_sum, correct, tokens = fused_lm_head_loss(hidden.flatten(0, 1), self.lm_head.weight,
-                                                           labels.flatten(), self.config.vocab_size,
-                                                           IGNORE_INDEX, self.fused_loss)
-            return LMLoss(loss_sum, correct, tokens)
-        return lm_loss(self.logits(hidden).flatten(0, 1), labels.flatten())
+        return head_loss(hidden, self.lm_head.weight, labels, self.config.vocab_size, self.fused_loss)
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(..., C) @ weight (padded_vocab, C).T with the padded columns at -inf."""
+    out = F.linear(hidden, weight)
+    if out.shape[-1] > vocab_size:
+        # In place on the matmul output: mm does not save its output for backward.
+        out[..., vocab_size:] = float("-inf")
+    return out
+
+
+def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+              fused: LossChunking | None) -> LMLoss:
+    """The LM head + loss of hidden states (B, T, C) against labels (B, T): the fused chunked op when
+    `fused` is set (the (B*T, V) logits are never materialized), else full logits + cross-entropy."""
+    if fused is not None:
+        return LMLoss(*fused_lm_head_loss(hidden.flatten(0, 1), weight, labels.flatten(), vocab_size, IGNORE_INDEX,
+                                          fused))
+    return lm_loss(head_logits(hidden, weight, vocab_size).flatten(0, 1), labels.flatten())
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> LMLoss:

@@ -19,7 +19,7 @@ from .optim import param_groups
 
 def model_group_names(model: torch.nn.Module) -> list[list[str]]:
     """Parameter names per optimizer group of the whole model (the checkpoint's index order)."""
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = _module_names(model, None)
     return [[names[id(p)] for p in g["params"]] for g in param_groups(model, 0.0)]
 
 
@@ -52,21 +52,22 @@ def to_indexed(named: dict[str, Any], group_names: list[list[str]]) -> dict[str,
     return {"state": state, "param_groups": groups}
 
 
+def _module_names(module: torch.nn.Module, aliases: dict[str, str] | None) -> dict[int, str]:
+    aliases = aliases or {}
+    return {id(p): aliases.get(n, n) for n, p in module.named_parameters()}
+
+
 def named_state(optimizer: torch.optim.Optimizer, module: torch.nn.Module,
                 aliases: dict[str, str] | None = None) -> dict[str, Any]:
     """The named form of `optimizer` (built over `module`'s parameters). `aliases` renames module
     names to the full model's (e.g. a pipeline stage's copy of the tied embedding)."""
-    aliases = aliases or {}
-    names = {id(p): aliases.get(n, n) for n, p in module.named_parameters()}
-    return to_named(optimizer.state_dict(), _group_names(optimizer, names))
+    return to_named(optimizer.state_dict(), _group_names(optimizer, _module_names(module, aliases)))
 
 
 def load_named_state(optimizer: torch.optim.Optimizer, module: torch.nn.Module, named: dict[str, Any],
                      aliases: dict[str, str] | None = None) -> None:
     """Load the named form into an optimizer over (part of) the model; inverse of `named_state`."""
-    aliases = aliases or {}
-    names = {id(p): aliases.get(n, n) for n, p in module.named_parameters()}
-    optimizer.load_state_dict(to_indexed(named, _group_names(optimizer, names)))
+    optimizer.load_state_dict(to_indexed(named, _group_names(optimizer, _module_names(module, aliases))))
 
 
 def merge_named(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,14 +21,11 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from . import log
-from .datasets import IGNORE_INDEX
 from .layout import Layout
-from .lm_head_loss import fused_lm_head_loss
-from .model import GPT2LMHeadModel, lm_loss
+from .model import GPT2LMHeadModel, head_loss
 from .optim_state import load_named_state, merge_named, model_group_names, named_state, to_cpu, to_indexed, to_named
 
 HEAD_COPY = "lm_head.weight"
@@ -99,14 +96,7 @@ class StageLoss:
         self.records: list[torch.Tensor] = []
 
     def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        weight = self.module.lm_head.weight
-        if self.chunking is not None:
-            loss_sum, correct, tokens = fused_lm_head_loss(hidden.flatten(0, 1), weight, labels.flatten(), self.vocab,
-                                                           IGNORE_INDEX, self.chunking)
-        else:
-            logits = F.linear(hidden, weight)
-            logits[..., self.vocab:] = float("-inf")  # padded ids never get probability mass
-            loss_sum, correct, tokens = lm_loss(logits.flatten(0, 1), labels.flatten())
+        loss_sum, correct, tokens = head_loss(hidden, self.module.lm_head.weight, labels, self.vocab, self.chunking)
         self.records.append(torch.stack([loss_sum.detach().float(), correct.float(), tokens.float()]))
         return loss_sum * self.scale
 
@@ -126,7 +116,8 @@ class Pipeline:
         tie_groups = [dist.new_group([r * S, r * S + S - 1]) for r in range(R)]
         self.tie_group = tie_groups[grid.replica]
         self.pp_group = pp_groups[grid.replica]
-        blocks = [i for i, s in enumerate(layout.stage_of_layer()) if s == grid.stage]
+        self.stage_of_layer = layout.stage_of_layer()
+        blocks = [i for i, s in enumerate(self.stage_of_layer) if s == grid.stage]
         self.dp_group = dp_groups[grid.stage]
         self.module = StageModule(model, blocks, grid.first, grid.last).to(device)
         if grid.rank != 0:
@@ -206,7 +197,7 @@ class Pipeline:
     def owner(self, name: str) -> int:
         """The stage holding the whole model's state entry `name`."""
         if name.startswith("transformer.h."):
-            return self.layout.stage_of_layer()[int(name.split(".")[2])]
+            return self.stage_of_layer[int(name.split(".")[2])]
         if name.startswith("transformer.ln_f."):
             return self.grid.stages - 1
         return 0

@@ -1,6 +1,21 @@
 """Shared pytest set-up."""
 
+import json
+from pathlib import Path
+
 import pytest
+
+TINY_MODEL = {"model_type": "gpt2", "vocab_size": 96, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 2}
+
+
+@pytest.fixture()
+def make_tiny_config(tmp_path):
+    """Writes tmp_path/tiny.json: a 2-layer GPT-2 config.json, `TINY_MODEL` with the given fields changed."""
+    def make(**fields) -> Path:
+        path = tmp_path / "tiny.json"
+        path.write_text(json.dumps({**TINY_MODEL, **fields}))
+        return path
+    return make
 
 
 @pytest.fixture(autouse=True)

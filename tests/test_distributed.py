@@ -2,7 +2,6 @@
 one process with the same global batch, ZeRO-1, checkpoints that resume under another layout, the
 launcher scripts, and layout errors before any process group work."""
 
-import json
 import os
 import re
 import signal
@@ -23,12 +22,8 @@ STEP = re.compile(r"^(step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+),")
 
 
 @pytest.fixture()
-def tiny_config(tmp_path) -> Path:
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 96, "n_positions": 32, "n_embd": 32,
-                                "n_layer": 2, "n_head": 2, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-                                "attn_pdrop": 0.0}))
-    return path
+def tiny_config(make_tiny_config) -> Path:
+    return make_tiny_config(n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 
 
 def args(cfg: Path, *extra: str) -> list[str]:

@@ -24,11 +24,8 @@ STEP_LINE = re.compile(r"^step \d+ of epoch \d+, loss: (\S+), acc: \S+, lr: (\S+
 
 
 @pytest.fixture()
-def tiny_config(tmp_path) -> Path:
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 96, "n_positions": 64, "n_embd": 32,
-                                "n_layer": 2, "n_head": 2, "activation_function": "gelu"}))
-    return path
+def tiny_config(make_tiny_config) -> Path:
+    return make_tiny_config(activation_function="gelu")
 
 
 def tiny_args(cfg: Path, *extra: str) -> list[str]:

@@ -420,11 +420,8 @@ STEP = re.compile(r"^step (\d+) of epoch (\d+), loss: (\S+), acc: (\S+), lr: (\S
 
 
 @pytest.fixture
-def tiny_config(tmp_path) -> Path:
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({"model_type": "gpt2", "vocab_size": VOCAB, "n_positions": 64, "n_embd": 32,
-                                "n_layer": 2, "n_head": 2}))
-    return path
+def tiny_config(make_tiny_config) -> Path:
+    return make_tiny_config(vocab_size=VOCAB)
 
 
 def train_args(cfg: Path, out: Path, *extra: str) -> list[str]:

@@ -1,7 +1,6 @@
 """End-to-end trainer tests on a tiny model: resume equals an uninterrupted run, checkpoints survive
 kill -9, bad input gives one line and exit code 2."""
 
-import json
 import os
 import pickle
 import re
@@ -24,12 +23,8 @@ STEP_LINE = re.compile(r"^step (\d+) of epoch (\d+), loss: (\S+), acc: (\S+), lr
 
 
 @pytest.fixture()
-def tiny_config(tmp_path) -> Path:
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 96, "n_positions": 64, "n_embd": 32,
-                                "n_layer": 2, "n_head": 2, "activation_function": "gelu",
-                                "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}))
-    return path
+def tiny_config(make_tiny_config) -> Path:
+    return make_tiny_config(activation_function="gelu", resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
 
 
 def base_args(cfg: Path, out: Path, *extra: str) -> list[str]:
