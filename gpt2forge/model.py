@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .dropout import causal_attention_dropout, dropout
 from .lm_head_loss import LossChunking, fused_lm_head_loss
 
 IGNORE_INDEX = -100
@@ -27,45 +28,6 @@ def _gelu_new(x: torch.Tensor) -> torch.Tensor:
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
-
-
-_DROP_BITS = 15
-"""Random bits per dropout decision: p is rounded to a multiple of 2**-15 (0.1 -> 0.100006)."""
-
-
-@torch.library.custom_op("gpt2forge::dropout_keep_mask", mutates_args=(),
-                         tags=(torch.Tag.nondeterministic_seeded,))
-def dropout_keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
-    """Bool mask shaped like `x`, True (keep) with probability 1 - round(p * 2**15) / 2**15, drawn
-    from torch's generator.
-
-    Each 32-bit draw of the generator decides two elements (int32 `random_()` gives 31 uniform
-    bits, viewed as two int16 of which the low 15 bits are used): half the draws of
-    `torch.rand(x.shape) >= p`, which on a 2-core CPU spent 0.18 s of a 5.5 s GPT-2 small
-    training step drawing masks (now 0.10 s). An opaque op on purpose: torch.compile then calls
-    ATen's generator instead of inlining its own per-element Philox generator, which on CPU costs
-    ~3x more per element. Compiled and eager runs draw the same masks from the same seed.
-    """
-    n = x.numel()
-    bits = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device).random_().view(torch.int16)
-    keep = (bits[:n] & ((1 << _DROP_BITS) - 1)) >= round(p * (1 << _DROP_BITS))
-    return keep.view(x.shape)
-
-
-@dropout_keep_mask.register_fake
-def _(x: torch.Tensor, p: float) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=torch.bool, device=x.device)
-
-
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout with p rounded to a multiple of 2**-15 (`dropout_keep_mask`): zero with that
-    probability, the rest scaled by 1 / (1 - it), so the expectation stays exactly x."""
-    if not training or p == 0.0:
-        return x
-    kept = 1.0 - round(p * (1 << _DROP_BITS)) / (1 << _DROP_BITS)
-    if kept <= 0.0:
-        return torch.zeros_like(x)
-    return x * dropout_keep_mask(x, p) * (1.0 / kept)
 
 
 class Dropout(nn.Module):
@@ -120,22 +82,13 @@ class Attention(nn.Module):
             k, v = kv.update(k, v)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=kv.mask, scale=self.scale)
         elif self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
-            # CPU SDPA has no fused kernel with dropout anyway; on CUDA the flash kernel keeps it.
-            y = self._attend_with_dropout(q, k, v)
+            # CPU SDPA has no fused kernel with dropout; on CUDA the flash kernel applies it.
+            y = causal_attention_dropout(q, k, v, self.attn_pdrop, self.scale)
         else:
             dropout_p = self.attn_pdrop if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, n_head, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
-
-    def _attend_with_dropout(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """SDPA's math with dropout on the probabilities, spelled out so the masks come from
-        `dropout_keep_mask` (SDPA draws its own). q, k, v (B, n_head, T, hd) -> (B, n_head, T, hd)."""
-        T = q.shape[-2]
-        att = (q * self.scale) @ k.transpose(-2, -1)  # (B, n_head, T, T)
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1, dtype=torch.float32)
-        return dropout(att, self.attn_pdrop, True).to(v.dtype) @ v
 
 
 class MLP(nn.Module):

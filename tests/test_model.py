@@ -171,3 +171,52 @@ def test_fused_loss_over_several_logits_tiles_equals_plain_loss_and_gradients():
     for got in results[1:]:
         for x, ref in zip(got, results[0]):
             torch.testing.assert_close(x.float(), ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def _attention_with_recorded_masks(monkeypatch, q, k, v, p):
+    """Run causal_attention_dropout in 16-row query chunks, recording the chunk masks it draws and
+    assembling them into one (B, H, T, T) mask for the spelled-out reference."""
+    from gpt2forge import dropout as dropout_mod
+    B, H, T, _ = q.shape
+    monkeypatch.setattr(dropout_mod, "ATTENTION_CHUNK_ELEMENTS", B * H * T * 16)
+    drawn = []
+    real = dropout_mod.dropout_keep_mask
+
+    def recording(x, prob):
+        drawn.append(real(x, prob))
+        return drawn[-1]
+
+    monkeypatch.setattr(dropout_mod, "dropout_keep_mask", recording)
+    out = dropout_mod.causal_attention_dropout(q, k, v, p, 0.3)
+    full = torch.zeros(B, H, T, T, dtype=torch.bool)
+    t0 = 0
+    for keep in drawn:
+        full[:, :, t0:t0 + keep.shape[2], :keep.shape[3]] = keep
+        t0 += keep.shape[2]
+    assert t0 == T and len(drawn) == 3  # rows 0-15, 16-31, 32-36: causal chunks of growing width
+    return out, full
+
+
+def _math_attention(q, k, v, keep, p):
+    from gpt2forge.dropout import kept_fraction
+    T = q.shape[2]
+    s = (q.float() @ k.float().transpose(-2, -1)) * 0.3
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    return (s * keep / kept_fraction(p)) @ v.float()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_chunked_attention_dropout_equals_math_with_the_same_masks(monkeypatch, dtype, tol):
+    torch.manual_seed(0)
+    B, H, T, hd, p = 2, 3, 37, 8, 0.3
+    q, k, v = (torch.randn(B, H, T, hd).to(dtype).requires_grad_() for _ in range(3))
+    out, keep = _attention_with_recorded_masks(monkeypatch, q, k, v, p)
+    assert out.dtype == dtype
+    assert 0.6 < keep[..., torch.ones(T, T, dtype=torch.bool).tril()].float().mean() < 0.8
+    grad = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    ref = _math_attention(qf, kf, vf, keep, p)
+    rq, rk, rv = torch.autograd.grad(ref, (qf, kf, vf), grad.float())
+    for got, want in ((out, ref), (dq, rq), (dk, rk), (dv, rv)):
+        torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
