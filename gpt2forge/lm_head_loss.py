@@ -105,14 +105,21 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         gh = torch.zeros(n, C, **f32)
         for v0 in range(0, V, width):
             Wv = W[v0:v0 + width]
-            probs = torch.exp((h @ Wv.T).float() - lse[:, None])  # (n, vlen) softmax
+            # One vocabulary chunk: its logits are still here (3 matmuls in all, as the plain path);
+            # several: recompute each chunk's now that the row's log-sum-exp is known.
+            probs = logits if width >= V else (h @ Wv.T).float()  # (n, vlen)
+            probs = probs.sub_(lse[:, None]).exp_()  # softmax, in place
             inside = keep & (y >= v0) & (y < v0 + Wv.shape[0])
             rows = inside.nonzero().squeeze(1)
             probs[rows, y[rows] - v0] -= 1.0
             probs *= keep[:, None]
             d = probs.to(cdt)
-            gh += (d @ Wv).float()
-            grad_weight[v0:v0 + Wv.shape[0]] += (d.T @ h).float()
+            if cdt == torch.float32:  # accumulate in place: no (V, C) temporary per chunk
+                gh.addmm_(d, Wv)
+                grad_weight[v0:v0 + Wv.shape[0]].addmm_(d.T, h)
+            else:
+                gh += (d @ Wv).float()
+                grad_weight[v0:v0 + Wv.shape[0]] += (d.T @ h).float()
         grad_hidden[t0:t0 + n] = gh
     return stats, grad_hidden, grad_weight
 
