@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .gemv import with_gemv_linears
 from .model import GPT2LMHeadModel
 
 
@@ -66,7 +67,7 @@ class CachedLM(nn.Module):
             raise ValueError(f"max_len {max_len} exceeds n_positions {cfg.n_positions}")
         param = next(model.parameters())
         dtype = dtype or param.dtype
-        self.model = model
+        self.model = with_gemv_linears(model)  # the same weights; decode-sized matmuls on the gemv kernel
         self.max_len = max_len
         shape = (batch_size, cfg.n_head, max_len, cfg.head_dim)
         # Separate buffers per layer (not one 5-D tensor): an in-place write to a view of a shared

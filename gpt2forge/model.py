@@ -181,7 +181,7 @@ class GPT2LMHeadModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., C) -> (..., padded_vocab) with the padded columns at -inf (never sampled or predicted)."""
-        return head_logits(hidden, self.lm_head.weight, self.config.vocab_size)
+        return mask_padded_vocab_(self.lm_head(hidden), self.config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
         """input_ids (B, T) int64.
@@ -195,13 +195,17 @@ class GPT2LMHeadModel(nn.Module):
         return head_loss(hidden, self.lm_head.weight, labels, self.config.vocab_size, self.fused_loss)
 
 
+def mask_padded_vocab_(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Sets the padded vocabulary columns (>= vocab_size) of fresh logits to -inf, in place: a
+    matmul does not save its output for backward."""
+    if logits.shape[-1] > vocab_size:
+        logits[..., vocab_size:] = float("-inf")
+    return logits
+
+
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """(..., C) @ weight (padded_vocab, C).T with the padded columns at -inf."""
-    out = F.linear(hidden, weight)
-    if out.shape[-1] > vocab_size:
-        # In place on the matmul output: mm does not save its output for backward.
-        out[..., vocab_size:] = float("-inf")
-    return out
+    return mask_padded_vocab_(F.linear(hidden, weight), vocab_size)
 
 
 def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int,

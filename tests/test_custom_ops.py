@@ -253,3 +253,46 @@ def test_clean_removes_library_and_scratch_only(tmp_path: Path):
 
     assert sorted(removed) == sorted([tmp_path / LIBRARY_NAME, scratch])
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("rows,K,N,bias", [(1, 768, 2304, True), (3, 37, 101, True), (4, 64, 9, False),
+                                           (8, 3072, 96, True), (13, 40, 257, False), (16, 17, 33, True)])
+def test_gemv_linear_matches_f_linear(ops, rows: int, K: int, N: int, bias: bool):
+    # 1, 4 and 8 rows use the 1-, 4- and 8-row AVX2 paths; 3, 13 and 16 mix them; K = 17, 37, 40
+    # leave a tail after the 16-float steps.
+    g = torch.Generator().manual_seed(rows * K)
+    x, W = torch.randn(rows, K, generator=g), torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    torch.testing.assert_close(ops.gemv_linear(x, W, b), torch.nn.functional.linear(x, W, b), rtol=1e-5, atol=1e-4)
+
+
+def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch: pytest.MonkeyPatch):
+    from gpt2forge import gemv
+    calls = []
+    kernel = ops.gemv_linear
+    monkeypatch.setattr(torch.ops.gpt2forge, "gemv_linear", lambda *a: calls.append(1) or kernel(*a))
+    W = torch.randn(5, 8, requires_grad=True)
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        assert gemv.gemv_linear(x, W).shape == (2, 3, 5) and calls == [1]  # 6 rows: the kernel
+        gemv.gemv_linear(torch.randn(17, 8), W)  # prefill-sized: F.linear
+        gemv.gemv_linear(x.bfloat16(), W.bfloat16())  # not fp32: F.linear
+    y = gemv.gemv_linear(x, W)  # gradients wanted: F.linear, differentiable
+    y.sum().backward()
+    assert calls == [1] and W.grad is not None
+
+
+def test_with_gemv_linears_shares_weights_and_leaves_the_model_alone(ops):
+    from gpt2forge.config import ModelConfig
+    from gpt2forge.gemv import GemvLinear, with_gemv_linears
+    from gpt2forge.model import GPT2LMHeadModel
+    model = GPT2LMHeadModel(ModelConfig(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)).train()
+    view = with_gemv_linears(model).eval()
+    assert isinstance(view.transformer.h[1].mlp.c_fc, GemvLinear) and isinstance(view.lm_head, GemvLinear)
+    assert isinstance(model.transformer.h[1].mlp.c_fc, torch.nn.Linear) and model.training
+    assert [id(p) for p in view.parameters()] == [id(p) for p in model.parameters()]
+    ids = torch.randint(0, 96, (3, 1))
+    with torch.no_grad():
+        step = torch.compile(lambda i: view.logits(view.transformer(i)), fullgraph=True)
+        torch.testing.assert_close(step(ids), model.eval().logits(model.transformer(ids)), rtol=1e-5, atol=1e-5)
+    assert with_gemv_linears(model.bfloat16()) is model  # not fp32: nothing to swap
