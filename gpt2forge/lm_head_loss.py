@@ -23,6 +23,7 @@ covered the first sequence of a batch).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -77,8 +78,18 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     for t0 in range(0, N, token_chunk):
         h = hidden[t0:t0 + token_chunk].to(cdt)  # (n, C)
         y = labels[t0:t0 + token_chunk]
-        keep = y != ignore_index
         n = h.shape[0]
+        gh = torch.zeros(n, C, **f32) if compute_grad else None
+        if width >= V:
+            # One vocabulary chunk: the logits are computed once and turned into their gradient
+            # (3 matmuls in all, as the plain path); on CUDA by one compiled kernel pass.
+            loss, correct, scored, d = _xent_rows_fn(h.device)(h @ W.T, y, ignore_index, compute_grad)
+            stats += torch.stack((loss, correct, scored))
+            if compute_grad:
+                _add_grads(d, h, W, gh, grad_weight[:V])
+                grad_hidden[t0:t0 + n] = gh
+            continue
+        keep = y != ignore_index
         row_max = torch.full((n,), float("-inf"), **f32)
         row_sum = torch.zeros(n, **f32)
         best = torch.full((n,), float("-inf"), **f32)
@@ -102,26 +113,60 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         stats[2] += keep.sum()
         if not compute_grad:
             continue
-        gh = torch.zeros(n, C, **f32)
-        for v0 in range(0, V, width):
+        for v0 in range(0, V, width):  # several vocabulary chunks: recompute each one's logits
             Wv = W[v0:v0 + width]
-            # One vocabulary chunk: its logits are still here (3 matmuls in all, as the plain path);
-            # several: recompute each chunk's now that the row's log-sum-exp is known.
-            probs = logits if width >= V else (h @ Wv.T).float()  # (n, vlen)
-            probs = probs.sub_(lse[:, None]).exp_()  # softmax, in place
+            probs = (h @ Wv.T).float().sub_(lse[:, None]).exp_()  # (n, vlen) softmax
             inside = keep & (y >= v0) & (y < v0 + Wv.shape[0])
             rows = inside.nonzero().squeeze(1)
             probs[rows, y[rows] - v0] -= 1.0
             probs *= keep[:, None]
-            d = probs.to(cdt)
-            if cdt == torch.float32:  # accumulate in place: no (V, C) temporary per chunk
-                gh.addmm_(d, Wv)
-                grad_weight[v0:v0 + Wv.shape[0]].addmm_(d.T, h)
-            else:
-                gh += (d @ Wv).float()
-                grad_weight[v0:v0 + Wv.shape[0]] += (d.T @ h).float()
+            _add_grads(probs.to(cdt), h, Wv, gh, grad_weight[v0:v0 + Wv.shape[0]])
         grad_hidden[t0:t0 + n] = gh
     return stats, grad_hidden, grad_weight
+
+
+def _add_grads(d: torch.Tensor, h: torch.Tensor, Wv: torch.Tensor, gh: torch.Tensor, gw: torch.Tensor) -> None:
+    """gh (n, C) += d @ Wv and gw (vlen, C) += d.T @ h for d (n, vlen), h (n, C), Wv (vlen, C) of
+    one dtype; gh and gw are fp32 (in place: no (vlen, C) temporary when the inputs are fp32)."""
+    if d.dtype == torch.float32:
+        gh.addmm_(d, Wv)
+        gw.addmm_(d.T, h)
+    else:
+        gh += (d @ Wv).float()
+        gw += (d.T @ h).float()
+
+
+def xent_rows(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, compute_grad: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Cross-entropy of logits (n, V) (any float dtype; fp32 math) against labels (n,).
+
+    Returns the loss sum, the number of rows whose argmax is the label and the number of scored
+    rows (fp32 scalars), and with compute_grad d(loss sum)/d(logits) = (softmax - one-hot) on the
+    scored rows, (n, V) in the logits' dtype (else None).
+    """
+    x = logits.float()
+    keep = labels != ignore_index
+    label = torch.where(keep, labels, 0)
+    lse = torch.logsumexp(x, dim=1)  # (n,)
+    loss = torch.where(keep, lse - x.gather(1, label[:, None]).squeeze(1), 0.0).sum()
+    correct = ((x.argmax(dim=1) == labels) & keep).sum().float()
+    scored = keep.sum().float()
+    if not compute_grad:
+        return loss, correct, scored, None
+    grad = torch.exp(x - lse[:, None])  # (n, V) softmax
+    grad.scatter_add_(1, label[:, None], -keep[:, None].float())  # minus the one-hot of scored rows
+    return loss, correct, scored, grad.mul_(keep[:, None]).to(logits.dtype)
+
+
+@functools.cache
+def _compiled_xent_rows():
+    return torch.compile(xent_rows, dynamic=True)
+
+
+def _xent_rows_fn(device: torch.device):
+    """`xent_rows` compiled on CUDA (one fused reduction and one pointwise kernel instead of ~6
+    passes over the logits chunk); eager elsewhere, where it is the reference."""
+    return _compiled_xent_rows() if device.type == "cuda" else xent_rows
 
 
 def _use_kernel(hidden: torch.Tensor) -> bool:
