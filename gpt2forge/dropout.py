@@ -5,8 +5,9 @@ kernel takes a dropout probability, and the spelled-out math holds several (B, n
 tensors per layer (403 MB each at B=8, T=1024, 12 heads). `causal_attention_dropout` computes the
 same function a block of query rows at a time (the flash-attention recurrence: backward
 recomputes the probabilities from the saved log-sum-exp), skips the keys a causal row never sees
-(about half the matmul work at long T), and keeps only the bool masks between forward and
-backward.
+(about half the matmul work at long T), and keeps only the bool masks and the row log-sum-exp
+between forward and backward. A sequence short enough for one chunk keeps its probabilities
+instead (recomputing them would cost more time than the memory is worth).
 """
 
 from __future__ import annotations

@@ -173,12 +173,12 @@ def test_fused_loss_over_several_logits_tiles_equals_plain_loss_and_gradients():
             torch.testing.assert_close(x.float(), ref.float(), rtol=1e-5, atol=1e-5)
 
 
-def _attention_with_recorded_masks(monkeypatch, q, k, v, p):
-    """Run causal_attention_dropout in 16-row query chunks, recording the chunk masks it draws and
-    assembling them into one (B, H, T, T) mask for the spelled-out reference."""
+def _attention_with_recorded_masks(monkeypatch, q, k, v, p, rows):
+    """Run causal_attention_dropout in `rows`-row query chunks, recording the chunk masks it draws
+    and assembling them into one (B, H, T, T) mask for the spelled-out reference."""
     from gpt2forge import dropout as dropout_mod
     B, H, T, _ = q.shape
-    monkeypatch.setattr(dropout_mod, "ATTENTION_CHUNK_ELEMENTS", B * H * T * 16)
+    monkeypatch.setattr(dropout_mod, "ATTENTION_CHUNK_ELEMENTS", B * H * T * rows)
     drawn = []
     real = dropout_mod.dropout_keep_mask
 
@@ -193,7 +193,7 @@ def _attention_with_recorded_masks(monkeypatch, q, k, v, p):
     for keep in drawn:
         full[:, :, t0:t0 + keep.shape[2], :keep.shape[3]] = keep
         t0 += keep.shape[2]
-    assert t0 == T and len(drawn) == 3  # rows 0-15, 16-31, 32-36: causal chunks of growing width
+    assert t0 == T and len(drawn) == -(-T // rows)
     return out, full
 
 
@@ -205,12 +205,15 @@ def _math_attention(q, k, v, keep, p):
     return (s * keep / kept_fraction(p)) @ v.float()
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_chunked_attention_dropout_equals_math_with_the_same_masks(monkeypatch, dtype, tol):
+@pytest.mark.parametrize("dtype,tol,rows", [(torch.float32, 1e-5, 16), (torch.bfloat16, 2e-2, 16),
+                                            (torch.float32, 1e-5, 48)])
+def test_chunked_attention_dropout_equals_math_with_the_same_masks(monkeypatch, dtype, tol, rows):
+    # 16 rows: chunks 0-15, 16-31, 32-36 of growing causal width, probabilities recomputed in
+    # backward from the log-sum-exp; 48 rows: one chunk whose probabilities are kept instead.
     torch.manual_seed(0)
     B, H, T, hd, p = 2, 3, 37, 8, 0.3
     q, k, v = (torch.randn(B, H, T, hd).to(dtype).requires_grad_() for _ in range(3))
-    out, keep = _attention_with_recorded_masks(monkeypatch, q, k, v, p)
+    out, keep = _attention_with_recorded_masks(monkeypatch, q, k, v, p, rows)
     assert out.dtype == dtype
     assert 0.6 < keep[..., torch.ones(T, T, dtype=torch.bool).tril()].float().mean() < 0.8
     grad = torch.randn_like(out)
