@@ -7,7 +7,12 @@
 // OpenMP threads; each thread reads a row of W once and multiplies it into up to 8 rows of x at a
 // time (8 AVX2 accumulators), so batch 8 costs little more memory traffic than batch 1.
 //
-// x (M, K) and W (N, K) are contiguous fp32 on the CPU, b (N,) fp32 or absent. The PyTorch
+// bf16 weights are read as bf16 (half the bytes) and widened to fp32 in registers; x and the
+// accumulation are fp32 (x is converted once per call), the result is rounded to x's dtype. On a
+// CPU without bf16 instructions this is also how bf16 prefill runs: ATen computes bf16 matmuls
+// there through conversions at about 1 GFLOP/s.
+//
+// x (M, K) and W (N, K) on the CPU, both fp32 or both bf16, b (N,) of the same dtype or absent. The PyTorch
 // reference is F.linear (gpt2forge.gemv.gemv_linear falls back to it, and tests compare
 // against it); the sums are taken in another order, so results agree to fp32 rounding.
 
@@ -27,35 +32,43 @@ namespace gpt2forge {
 namespace {
 
 // out[m] = dot(x[m * ldx .. + K], w[0 .. K]) for m < MB, portable (vectorized by the compiler
-// for the baseline instruction set).
-template <int MB>
-void dots_portable(const float* __restrict x, int64_t ldx, const float* __restrict w, int64_t K, float* out) {
+// for the baseline instruction set). W is float or c10::BFloat16.
+template <int MB, typename W>
+void dots_portable(const float* __restrict x, int64_t ldx, const W* __restrict w, int64_t K, float* out) {
   float acc[MB][8] = {};
   int64_t k = 0;
   for (; k + 8 <= K; k += 8)
     for (int m = 0; m < MB; ++m)
-      for (int j = 0; j < 8; ++j) acc[m][j] += x[m * ldx + k + j] * w[k + j];
+      for (int j = 0; j < 8; ++j) acc[m][j] += x[m * ldx + k + j] * static_cast<float>(w[k + j]);
   for (int m = 0; m < MB; ++m) {
     float s = 0.0f;
     for (int j = 0; j < 8; ++j) s += acc[m][j];
-    for (int64_t kk = k; kk < K; ++kk) s += x[m * ldx + kk] * w[kk];
+    for (int64_t kk = k; kk < K; ++kk) s += x[m * ldx + kk] * static_cast<float>(w[kk]);
     out[m] = s;
   }
 }
 
 #ifdef GPT2FORGE_GEMV_AVX2
+__attribute__((target("avx2"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+// 8 bf16 values widened to fp32: a bf16 is the high half of the fp32 with the same bits.
+__attribute__((target("avx2"))) inline __m256 load8(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
 // The same with AVX2 + FMA. U independent accumulators per row of x hide the FMA latency; with 8
 // rows one each is enough (and 16 would spill the 16 ymm registers).
-template <int MB, int U = (MB >= 8 ? 1 : 2)>
+template <int MB, typename W, int U = (MB >= 8 ? 1 : 2)>
 __attribute__((target("avx2,fma"))) void dots_avx2(const float* __restrict x, int64_t ldx,
-                                                     const float* __restrict w, int64_t K, float* out) {
+                                                     const W* __restrict w, int64_t K, float* out) {
   __m256 acc[MB][U];
   for (int m = 0; m < MB; ++m)
     for (int u = 0; u < U; ++u) acc[m][u] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 8 * U <= K; k += 8 * U) {
     for (int u = 0; u < U; ++u) {
-      const __m256 wv = _mm256_loadu_ps(w + k + 8 * u);
+      const __m256 wv = load8(w + k + 8 * u);
       for (int m = 0; m < MB; ++m)
         acc[m][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k + 8 * u), wv, acc[m][u]);
     }
@@ -67,7 +80,7 @@ __attribute__((target("avx2,fma"))) void dots_avx2(const float* __restrict x, in
     h = _mm_hadd_ps(h, h);
     h = _mm_hadd_ps(h, h);
     float s = _mm_cvtss_f32(h);
-    for (int64_t kk = k; kk < K; ++kk) s += x[m * ldx + kk] * w[kk];
+    for (int64_t kk = k; kk < K; ++kk) s += x[m * ldx + kk] * static_cast<float>(w[kk]);
     out[m] = s;
   }
 }
@@ -78,34 +91,20 @@ bool has_avx2_fma() {
 }
 #endif
 
-template <int MB>
-void dots(const float* x, int64_t ldx, const float* w, int64_t K, float* out) {
+template <int MB, typename W>
+void dots(const float* x, int64_t ldx, const W* w, int64_t K, float* out) {
 #ifdef GPT2FORGE_GEMV_AVX2
   if (has_avx2_fma()) return dots_avx2<MB>(x, ldx, w, K, out);
 #endif
   dots_portable<MB>(x, ldx, w, K, out);
 }
 
-at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
-              "gpt2forge::gemv_linear: expected x (M, K) and weight (N, K), got ", x.sizes(), " and ",
-              weight.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "gpt2forge::gemv_linear: expected float32 x and weight");
-  const bool has_bias = bias.has_value() && bias->defined();
-  TORCH_CHECK(!has_bias || (bias->scalar_type() == at::kFloat && bias->numel() == weight.size(0)),
-              "gpt2forge::gemv_linear: expected a float32 bias of ", weight.size(0), " values");
-  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
-  const at::Tensor bc = has_bias ? bias->contiguous() : at::Tensor();
-  const int64_t M = xc.size(0), K = xc.size(1), N = wc.size(0);
-  at::Tensor y = at::empty({M, N}, xc.options());
-  const float* xp = xc.const_data_ptr<float>();
-  const float* wp = wc.const_data_ptr<float>();
-  const float* bp = has_bias ? bc.const_data_ptr<float>() : nullptr;
-  float* yp = y.mutable_data_ptr<float>();
+// y (M, N) fp32 = x (M, K) fp32 @ W.T + b, W's rows split across threads.
+template <typename W>
+void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* w = wp + n * K;
+    const W* w = wp + n * K;
     const float b = bp ? bp[n] : 0.0f;
     float out[8];
     int64_t m = 0;
@@ -122,11 +121,34 @@ at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& weight, const std:
       yp[m * N + n] = out[0] + b;
     }
   }
-  return y;
+}
+
+at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
+              "gpt2forge::gemv_linear: expected x (M, K) and weight (N, K), got ", x.sizes(), " and ",
+              weight.sizes());
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && x.scalar_type() == dtype,
+              "gpt2forge::gemv_linear: expected x and weight both float32 or both bfloat16");
+  const bool has_bias = bias.has_value() && bias->defined();
+  TORCH_CHECK(!has_bias || (bias->scalar_type() == dtype && bias->numel() == weight.size(0)),
+              "gpt2forge::gemv_linear: expected a bias of ", weight.size(0), " values in the weight's dtype");
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "gpt2forge::gemv_linear: expected CPU tensors");
+  const at::Tensor xf = x.to(at::kFloat).contiguous(), wc = weight.contiguous();
+  const at::Tensor bf = has_bias ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const int64_t M = xf.size(0), K = xf.size(1), N = wc.size(0);
+  at::Tensor y = at::empty({M, N}, xf.options());
+  const float* bp = has_bias ? bf.const_data_ptr<float>() : nullptr;
+  if (dtype == at::kFloat)
+    gemv_rows(xf.const_data_ptr<float>(), wc.const_data_ptr<float>(), bp, y.mutable_data_ptr<float>(), M, K, N);
+  else
+    gemv_rows(xf.const_data_ptr<float>(), wc.const_data_ptr<c10::BFloat16>(), bp, y.mutable_data_ptr<float>(), M, K,
+              N);
+  return dtype == at::kFloat ? y : y.to(dtype);
 }
 
 at::Tensor gemv_linear_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>&) {
-  return at::empty({x.size(0), weight.size(0)}, x.options());
+  return at::empty({x.size(0), weight.size(0)}, x.options());  // x's dtype, as the CPU kernel returns
 }
 
 }  // namespace

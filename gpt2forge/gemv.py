@@ -1,11 +1,13 @@
 """Linear layers for decoding: the C++ `gpt2forge::gemv_linear` kernel when only a few rows go in.
 
 A decode step multiplies 1 to 8 rows (one per sequence of the batch) by every weight matrix, so
-its time is the time to read the weights. `gemv_linear` (custom_ops/gemv.cpp) streams each weight
+its time is the time to read the weights (bf16 weights: half the bytes). `gemv_linear` (custom_ops/gemv.cpp) streams each weight
 once at 25-31 GB/s where BLAS reaches 12-17 GB/s on the 2-core development machine
 (benchmarks/generation_latency.py has the whole-token figures). Its reference is F.linear: the
-fallback whenever the kernel does not apply (library not built, not CPU fp32, more than
-GEMV_MAX_ROWS rows, gradients wanted) and the oracle of tests/test_generation.py.
+fallback whenever the kernel does not apply (library not built, not CPU fp32/bf16, more than
+GEMV_MAX_ROWS rows, gradients wanted) and the oracle of tests/test_custom_ops.py. On a CPU without
+bf16 instructions, where ATen emulates bf16 matmuls (~1 GFLOP/s), bf16 prefill runs on the kernel
+too, at any row count.
 
 `with_gemv_linears(model)` gives the inference code (gpt2forge.kv_cache.CachedLM) a view of the
 model whose nn.Linear layers use it, sharing every parameter: the model itself is unchanged.
@@ -14,12 +16,14 @@ model whose nn.Linear layers use it, sharing every parameter: the model itself i
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpt2forge import custom_ops
+from gpt2forge.runtime import cpu_half_matmul_is_emulated
 
 GEMV_MAX_ROWS = 16
 """Above this many rows (prefill, training) BLAS's blocked matmul is faster: F.linear runs."""
@@ -30,13 +34,21 @@ def kernel_available() -> bool:
     return custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "gemv_linear")
 
 
+@functools.cache
+def _bf16_emulated() -> bool:
+    return cpu_half_matmul_is_emulated("bf16")
+
+
 def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x (..., K), weight (N, K): the kernel for up to GEMV_MAX_ROWS
-    rows of CPU fp32 without gradients, F.linear otherwise. Call `kernel_available()` first."""
+    """F.linear(x, weight, bias) for x (..., K), weight (N, K), without gradients: the kernel for up
+    to GEMV_MAX_ROWS rows of CPU fp32 or bf16, and for any number of bf16 rows on a CPU whose bf16
+    matmuls ATen would emulate; F.linear otherwise. Call `kernel_available()` first."""
     K = x.shape[-1]
     rows = x.numel() // max(K, 1)
-    use = (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
-           and (bias is None or bias.dtype == torch.float32) and 0 < rows <= GEMV_MAX_ROWS
+    dtype = weight.dtype
+    use = (x.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and x.dtype == dtype
+           and (bias is None or bias.dtype == dtype)
+           and 0 < rows and (rows <= GEMV_MAX_ROWS or (dtype == torch.bfloat16 and _bf16_emulated()))
            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
     if not use:
         return F.linear(x, weight, bias)
@@ -59,9 +71,10 @@ class GemvLinear(nn.Module):
 def with_gemv_linears(module: nn.Module) -> nn.Module:
     """A shallow copy of `module` whose nn.Linear submodules (at any depth) are GemvLinear, sharing
     all parameters and buffers with it; `module` itself is returned unchanged when the kernel
-    cannot apply (library not built, or the weights are not CPU fp32)."""
+    cannot apply (library not built, or the weights are not CPU fp32/bf16)."""
     param = next(module.parameters(), None)
-    if param is None or param.device.type != "cpu" or param.dtype != torch.float32 or not kernel_available():
+    if (param is None or param.device.type != "cpu" or param.dtype not in (torch.float32, torch.bfloat16)
+            or not kernel_available()):
         return module
     return _swap_linears(module)
 

@@ -73,14 +73,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, kv=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). `kv` (inference only, see gpt2forge.kv_cache) is one layer's
-        preallocated cache: `kv.update(k, v)` stores this call's keys/values and returns all S cached
-        ones (B, n_head, S, hd); `kv.mask` (B, 1, T, S) bool says which of them each query attends to."""
+        preallocated cache: `kv.attend(q, k, v, scale)` stores this call's keys/values and returns the
+        attention of q over all S cached ones (B, n_head, T, hd), under the cache's mask."""
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         if kv is not None:
-            k, v = kv.update(k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=kv.mask, scale=self.scale)
+            y = kv.attend(q, k, v, self.scale)
         elif self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
             # CPU SDPA has no fused kernel with dropout; on CUDA the flash kernel applies it.
             y = causal_attention_dropout(q, k, v, self.attn_pdrop, self.scale)

@@ -266,6 +266,19 @@ def test_gemv_linear_matches_f_linear(ops, rows: int, K: int, N: int, bias: bool
     torch.testing.assert_close(ops.gemv_linear(x, W, b), torch.nn.functional.linear(x, W, b), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 8, 40])
+def test_gemv_linear_bf16_weights_match_fp32_math_rounded_once(ops, rows: int):
+    # bf16 weights are widened in registers and accumulated in fp32: the result is the fp32
+    # product of the bf16 values, rounded to bf16 once (ATen's CPU bf16 matmul rounds the same way).
+    g = torch.Generator().manual_seed(rows)
+    x, W, b = torch.randn(rows, 771, generator=g), torch.randn(300, 771, generator=g), torch.randn(300, generator=g)
+    x, W, b = x.bfloat16(), W.bfloat16(), b.bfloat16()
+    y = ops.gemv_linear(x, W, b)
+    assert y.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.float(), W.float(), b.float())
+    torch.testing.assert_close(y.float(), want, rtol=8e-3, atol=8e-3)
+
+
 def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch: pytest.MonkeyPatch):
     from gpt2forge import gemv
     calls = []
@@ -276,7 +289,7 @@ def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch
     with torch.no_grad():
         assert gemv.gemv_linear(x, W).shape == (2, 3, 5) and calls == [1]  # 6 rows: the kernel
         gemv.gemv_linear(torch.randn(17, 8), W)  # prefill-sized: F.linear
-        gemv.gemv_linear(x.bfloat16(), W.bfloat16())  # not fp32: F.linear
+        gemv.gemv_linear(x.half(), W.half())  # fp16: F.linear
     y = gemv.gemv_linear(x, W)  # gradients wanted: F.linear, differentiable
     y.sum().backward()
     assert calls == [1] and W.grad is not None
@@ -295,4 +308,4 @@ def test_with_gemv_linears_shares_weights_and_leaves_the_model_alone(ops):
     with torch.no_grad():
         step = torch.compile(lambda i: view.logits(view.transformer(i)), fullgraph=True)
         torch.testing.assert_close(step(ids), model.eval().logits(model.transformer(ids)), rtol=1e-5, atol=1e-5)
-    assert with_gemv_linears(model.bfloat16()) is model  # not fp32: nothing to swap
+    assert with_gemv_linears(model.half()) is model  # fp16: nothing to swap
