@@ -18,12 +18,12 @@ from typing import Sequence, TextIO
 
 import torch
 
-from . import log
+from . import gemv, log
 from .arguments import str_to_bool
 from .errors import UsageError, collect
 from .generation import GenerationResult, Generator
 from .pretrained import load_pretrained, resolve_model_dir
-from .runtime import resolve_device
+from .runtime import cpu_half_matmul_is_emulated, resolve_device
 from .sampling import SamplingConfig
 
 EOT_TEXT = "<|endoftext|>"
@@ -116,9 +116,11 @@ class Session:
         dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
         if dtype is not None:
             model.to(dtype)
-        if args.bf16 and device.type == "cpu" and not torch.cpu._is_avx512_bf16_supported():
-            log.notice("--bf16: this CPU has no bf16 instructions (AVX-512 BF16), so bf16 matmuls are computed "
-                       "through conversions and decode more slowly than fp32; drop --bf16 for speed")
+        if (args.bf16 and device.type == "cpu" and cpu_half_matmul_is_emulated("bf16")
+                and not gemv.kernel_available()):
+            log.notice("--bf16: this CPU has no bf16 instructions and the custom ops library (its bf16 matmul "
+                       "kernel) is not built, so bf16 matmuls are emulated, far slower than fp32; run `make` "
+                       "or drop --bf16")
         self.args, self.sampling = args, sampling
         self.gen = Generator(model, args.batch_size, args.input_len + args.output_len, compile=args.poptorch_loop)
         warm_s = self.gen.warm_up()  # excluded from the latency lines, as the reference's first call
