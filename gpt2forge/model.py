@@ -71,20 +71,26 @@ class Attention(nn.Module):
             scale /= layer_idx + 1
         self.scale = scale
 
-    def forward(self, x: torch.Tensor, kv=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv=None, last: int | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). `kv` (inference only, see gpt2forge.kv_cache) is one layer's
         preallocated cache: `kv.attend(q, k, v, scale)` stores this call's keys/values and returns the
-        attention of q over all S cached ones (B, n_head, T, hd), under the cache's mask."""
+        attention of q over all S cached ones (B, n_head, T, hd), under the cache's mask. `last`
+        (without kv): only the last `last` positions attend (over all T keys) -> (B, last, C)."""
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        if kv is not None:
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        if last is not None and kv is None:
+            q = q[:, :, T - last:]  # query i is position T - last + i: it sees keys 0 .. T - last + i
+            causal = torch.ones(last, T, dtype=torch.bool, device=x.device).tril(T - last)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=dropout_p, scale=self.scale)
+            T = last
+        elif kv is not None:
             y = kv.attend(q, k, v, self.scale)
         elif self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
             # CPU SDPA has no fused kernel with dropout; on CUDA the flash kernel applies it.
             y = causal_attention_dropout(q, k, v, self.attn_pdrop, self.scale)
         else:
-            dropout_p = self.attn_pdrop if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, n_head, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -112,8 +118,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, kv=None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv)
+    def forward(self, x: torch.Tensor, kv=None, last: int | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C), or (B, last, C): the block's output for the last positions only."""
+        a = self.attn(self.ln_1(x), kv, last)
+        x = x if last is None else x[:, x.shape[1] - last:]
+        x = x + a
         return x + self.mlp(self.ln_2(x))
 
 
@@ -129,14 +138,19 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                kv_cache=None) -> torch.Tensor:
+                kv_cache=None, last: int | None = None) -> torch.Tensor:
         """input_ids (B, T) -> hidden (B, T, C). position_ids (B, T) default 0..T-1; kv_cache (inference)
-        holds one cache layer per block (see Attention.forward)."""
+        holds one cache layer per block (see Attention.forward). `last` (evaluation, no cache): the
+        hidden states of the last `last` positions only, (B, last, C); the final block then computes
+        its attention output and MLP for those rows alone (its keys and values still span all T)."""
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if last is not None and not 0 < last <= input_ids.shape[1]:
+            raise ValueError(f"last={last}: expected 1 .. {input_ids.shape[1]} positions")
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        final = len(self.h) - 1
         for i, block in enumerate(self.h):
-            x = block(x, None if kv_cache is None else kv_cache[i])
+            x = block(x, None if kv_cache is None else kv_cache[i], last if i == final else None)
         return self.ln_f(x)
 
 

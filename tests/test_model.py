@@ -223,3 +223,17 @@ def test_chunked_attention_dropout_equals_math_with_the_same_masks(monkeypatch, 
     rq, rk, rv = torch.autograd.grad(ref, (qf, kf, vf), grad.float())
     for got, want in ((out, ref), (dq, rq), (dk, rk), (dv, rv)):
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+def test_last_positions_only_equal_the_full_forward():
+    # Evaluation asks for the final hidden states of the scored positions only: the last block then
+    # attends and runs its MLP for those rows alone (lower-right causal mask over all keys).
+    cfg = tiny(n_layer=3)
+    model = ours(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (3, 13))
+    with torch.no_grad():
+        full = model.transformer(ids)
+        for last in (1, 5, 13):
+            torch.testing.assert_close(model.transformer(ids, last=last), full[:, -last:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="last=14"):
+        model.transformer(ids, last=14)

@@ -39,7 +39,10 @@ class BatchScores:
 def _scored_logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> Iterator[torch.Tensor]:
     """Logits (n, vocab) of the positions where `mask` (B, T) is True, in row-major order, in chunks."""
     if hasattr(model, "transformer") and hasattr(model, "logits"):
-        hidden = model.transformer(ids)[mask]  # (B, T, C) -> (n, C)
+        # Only the columns from the batch's first scored one on need final hidden states: with
+        # overlapping windows (stride 32 of 1024) the last block then runs its MLP for 32 rows.
+        first = int(mask.any(dim=0).int().argmax())
+        hidden = model.transformer(ids, last=ids.shape[1] - first)[mask[:, first:]]  # (B, T', C) -> (n, C)
         for i in range(0, hidden.shape[0], HEAD_CHUNK):
             yield model.logits(hidden[i:i + HEAD_CHUNK])
         return
