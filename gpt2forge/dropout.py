@@ -83,17 +83,18 @@ class _CausalAttentionDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, p: float, scale: float):
-        B, H, T, hd = q.shape
+        B, H, T, _ = q.shape
         inv_kept = 1.0 / kept_fraction(p)
         chunks = _chunks(q)
+        single = len(chunks) == 1
         out = torch.empty_like(q)
         # One chunk (short sequences): keep its probabilities for backward, as autograd would.
         # Several: keep the log-sum-exp per row (B, H, T) and recompute them chunk by chunk.
-        lse = torch.empty(B, H, T if len(chunks) > 1 else 0, dtype=torch.float32, device=q.device)
+        lse = torch.empty(B, H, 0 if single else T, dtype=torch.float32, device=q.device)
         saved = []
         for t0, t1 in chunks:
             s = _scores(q, k, t0, t1, scale)
-            if len(chunks) == 1:
+            if single:
                 probs = torch.softmax(s, dim=-1)  # (B, H, T, T)
                 saved.append(probs)
                 keep = dropout_keep_mask(probs, p)
@@ -105,7 +106,7 @@ class _CausalAttentionDropout(torch.autograd.Function):
                 dropped.mul_(keep)
             saved.append(keep)
             out[:, :, t0:t1] = torch.matmul(dropped.mul_(inv_kept).to(v.dtype), v[:, :, :t1])
-        ctx.p, ctx.scale = p, scale
+        ctx.p, ctx.scale, ctx.single = p, scale, single
         ctx.save_for_backward(q, k, v, lse, *saved)
         return out
 
@@ -122,14 +123,13 @@ class _CausalAttentionDropout(torch.autograd.Function):
         dq = torch.empty_like(q)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        chunks = _chunks(q)
-        for i, (t0, t1) in enumerate(chunks):
+        for i, (t0, t1) in enumerate(_chunks(q)):
             g = grad_out[:, :, t0:t1]  # (B, H, n, hd)
-            if lse.numel():
+            if ctx.single:
+                probs, keep = saved[0].clone(), saved[1]
+            else:
                 keep = saved[i]
                 probs = _scores(q, k, t0, t1, ctx.scale).sub_(lse[:, :, t0:t1, None]).exp_()  # (B, H, n, t1)
-            else:
-                probs, keep = saved[0].clone(), saved[1]
             scaled_keep = keep * inv_kept  # fp32 (B, H, n, t1): 0 or 1 / kept
             dv[:, :, :t1] += torch.matmul((probs * scaled_keep).to(v.dtype).transpose(-2, -1), g).float()
             dprobs = torch.matmul(g, v[:, :, :t1].transpose(-2, -1)).float().mul_(scaled_keep)

@@ -80,13 +80,13 @@ class Attention(nn.Module):
         # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.attn_pdrop if self.training else 0.0
-        if last is not None and kv is None:
+        if kv is not None:
+            y = kv.attend(q, k, v, self.scale)
+        elif last is not None:
             q = q[:, :, T - last:]  # query i is position T - last + i: it sees keys 0 .. T - last + i
             causal = torch.ones(last, T, dtype=torch.bool, device=x.device).tril(T - last)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=dropout_p, scale=self.scale)
             T = last
-        elif kv is not None:
-            y = kv.attend(q, k, v, self.scale)
         elif self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
             # CPU SDPA has no fused kernel with dropout; on CUDA the flash kernel applies it.
             y = causal_attention_dropout(q, k, v, self.attn_pdrop, self.scale)
