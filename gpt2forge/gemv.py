@@ -3,12 +3,11 @@
 A decode step multiplies 1 to 8 rows (one per sequence of the batch) by every weight matrix, so
 its time is the time to read the weights (bf16 weights: half the bytes). `gemv_linear`
 (custom_ops/gemv.cpp) streams each weight once at 25-31 GB/s where BLAS reaches 12-17 GB/s on the
-2-core development machine
-(benchmarks/generation_latency.py has the whole-token figures). Its reference is F.linear: the
-fallback whenever the kernel does not apply (library not built, not CPU fp32/bf16, more than
-GEMV_MAX_ROWS rows, gradients wanted) and the oracle of tests/test_custom_ops.py. On a CPU without
-bf16 instructions, where ATen emulates bf16 matmuls (~1 GFLOP/s), bf16 prefill runs on the kernel
-too, at any row count.
+2-core development machine (benchmarks/generation_latency.py has the whole-token figures). Its
+reference is F.linear: the fallback whenever the kernel does not apply (library not built, not CPU
+fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
+tests/test_custom_ops.py. On a CPU without bf16 instructions, where ATen emulates bf16 matmuls
+(~1 GFLOP/s), bf16 prefill runs on the kernel too, at any row count.
 
 `with_gemv_linears(model)` gives the inference code (gpt2forge.kv_cache.CachedLM) a view of the
 model whose nn.Linear layers use it, sharing every parameter: the model itself is unchanged.
