@@ -3,8 +3,9 @@
 # One node (default): torchrun --standalone --nproc_per_node $NPROC_PER_NODE (default 1; one process
 # per GPU, e.g. NPROC_PER_NODE=4 for --replication-factor 4). Replicas without a process become
 # gradient accumulation, so every command runs on any number of processes with the same global batch.
-# Several nodes: set NNODES, NODE_RANK and MASTER_ADDR (and MASTER_PORT, default 29500) on every node;
-# the rendezvous is torchrun's c10d backend at MASTER_ADDR:MASTER_PORT.
+# Several nodes: set NNODES and MASTER_ADDR (and MASTER_PORT, default 29500) on every node; the rendezvous
+# is torchrun's c10d backend at MASTER_ADDR:MASTER_PORT, which numbers the nodes itself (no node rank to set;
+# a NODE_RANK in the environment is ignored). Every node runs the same command; nodes may join in any order.
 # PYTHON overrides the interpreter (default: .venv/bin/python, else python3).
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
@@ -13,8 +14,7 @@ launch() {
     local rdzv=(--standalone)
     if [ "$nnodes" -gt 1 ]; then
         : "${MASTER_ADDR:?set MASTER_ADDR to the rendezvous host (node 0) when NNODES > 1}"
-        : "${NODE_RANK:?set NODE_RANK (0..NNODES-1) when NNODES > 1}"
-        rdzv=(--nnodes "$nnodes" --node_rank "$NODE_RANK" --rdzv_backend c10d
+        rdzv=(--nnodes "$nnodes" --rdzv_backend c10d
               --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-gpt2forge}")
     fi
     exec "$PY" -m torch.distributed.run "${rdzv[@]}" --nproc_per_node "${NPROC_PER_NODE:-1}" "$@"

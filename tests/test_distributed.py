@@ -5,6 +5,7 @@ launcher scripts, and layout errors before any process group work."""
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -165,8 +166,8 @@ def test_bad_world_exits_2_with_one_line(tiny_config):
 @pytest.mark.parametrize("env,expected", [
     ({}, ["--standalone", "--nproc_per_node", "1"]),
     ({"NPROC_PER_NODE": "4"}, ["--standalone", "--nproc_per_node", "4"]),
-    ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "NPROC_PER_NODE": "8"},
-     ["--nnodes", "2", "--node_rank", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400",
+    ({"NNODES": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "NPROC_PER_NODE": "8"},
+     ["--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400",
       "--rdzv_id", "gpt2forge", "--nproc_per_node", "8"]),
 ])
 def test_launcher_builds_a_torchrun_command_that_torchrun_parses(env, expected):
@@ -177,6 +178,25 @@ def test_launcher_builds_a_torchrun_command_that_torchrun_parses(env, expected):
     assert argv[:2] == ["-m", "torch.distributed.run"] and argv[2:-3] == expected
     parsed = get_args_parser().parse_args(argv[2:])
     assert parsed.training_script == "train_gpt2.py" and parsed.training_script_args == ["--model", "gpt2"]
+
+
+def test_two_nodes_through_the_launcher_equal_one_process(tiny_config):
+    """Two torchrun agents ("nodes", one process each) meet at a c10d rendezvous on this host, as
+    run/pretraining_large_multinode.sh starts them on every node; the job's step lines are one process's."""
+    single = run(args(tiny_config))
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")}
+    env.update(NNODES="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RDZV_ID=f"test{port}",
+               NPROC_PER_NODE="1", OMP_NUM_THREADS="1", PYTHON=sys.executable)
+    command = "source run/launch.sh; launch " + " ".join(args(tiny_config))
+    nodes = [subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [node.communicate(timeout=600) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    steps = [[m.group(1) for line in out.splitlines() if (m := STEP.match(line))] for out, _ in outs]
+    assert sorted(steps, key=len) == [[], single]  # rank 0's node alone logs
 
 
 def test_every_pretraining_script_uses_the_launcher():
