@@ -62,7 +62,7 @@ class StageModule(nn.Module):
     """The part of the model one stage runs; parameter names are the whole model's (blocks keep
     their indices: `transformer.h.5...`), except the last stage's head copy (`lm_head.weight`)."""
 
-    def __init__(self, model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool):
+    def __init__(self, model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool, compiled: bool = False):
         super().__init__()
         t = model.transformer
         self.first, self.last = first, last
@@ -70,6 +70,10 @@ class StageModule(nn.Module):
         if first:
             self.transformer.wte, self.transformer.wpe, self.transformer.drop = t.wte, t.wpe, t.drop
         self.transformer.h = nn.ModuleDict({str(i): t.h[i] for i in blocks})
+        # torch.compile per block, as torchtitan does for pipeline stages: the blocks share one graph,
+        # and the wrappers stay outside the module tree (names, state dicts and the whole model on rank
+        # 0, which evaluates eagerly, are untouched).
+        self.run_blocks = [torch.compile(b) if compiled else b for b in self.transformer.h.values()]
         if last:
             self.transformer.ln_f = t.ln_f
             self.lm_head = nn.Linear(t.wte.weight.shape[1], t.wte.weight.shape[0], bias=False)
@@ -81,7 +85,7 @@ class StageModule(nn.Module):
         if self.first:
             positions = torch.arange(x.shape[1], device=x.device)
             x = self.transformer.drop(self.transformer.wte(x) + self.transformer.wpe(positions))
-        for block in self.transformer.h.values():
+        for block in self.run_blocks:
             x = block(x)
         return self.transformer.ln_f(x) if self.last else x
 
@@ -105,7 +109,7 @@ class Pipeline:
     """One stage of the pipelined model with its schedule; built on every rank of the grid."""
 
     def __init__(self, model: GPT2LMHeadModel, layout: Layout, grid: Grid, device: torch.device, schedule: str,
-                 micro_batches: int):
+                 micro_batches: int, compiled: bool = False):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.grid, self.layout, self.model = grid, layout, model
@@ -119,7 +123,7 @@ class Pipeline:
         self.stage_of_layer = layout.stage_of_layer()
         blocks = [i for i, s in enumerate(self.stage_of_layer) if s == grid.stage]
         self.dp_group = dp_groups[grid.stage]
-        self.module = StageModule(model, blocks, grid.first, grid.last).to(device)
+        self.module = StageModule(model, blocks, grid.first, grid.last, compiled).to(device)
         if grid.rank != 0:
             self._release_other_stages(blocks)
         self.loss = StageLoss(self.module, model)

@@ -120,14 +120,16 @@ def configure_matmul(device: torch.device, precision: str, half_partials: bool) 
         log.notice("--enable-half-partials has no equivalent on CPU (matmuls accumulate in fp32); ignored")
 
 
-def maybe_compile(model: torch.nn.Module, mode: str, device: torch.device, cache_dir: str | None):
-    """--torch-compile auto (on for CUDA) | true | false. Returns the module to call."""
+def compile_enabled(mode: str, device: torch.device, cache_dir: str | None) -> bool:
+    """--torch-compile auto (on for CUDA) | true | false; points inductor at --executable-cache-dir."""
     if cache_dir:  # inductor reads it when it first compiles; the flag wins over the environment
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-    enabled = mode == "true" or (mode == "auto" and device.type == "cuda")
-    if not enabled:
-        return model
-    return torch.compile(model)
+    return mode == "true" or (mode == "auto" and device.type == "cuda")
+
+
+def maybe_compile(model: torch.nn.Module, mode: str, device: torch.device, cache_dir: str | None):
+    """The module to call: `model` under torch.compile when `compile_enabled`, else itself."""
+    return torch.compile(model) if compile_enabled(mode, device, cache_dir) else model
 
 
 class LossScaler:

@@ -31,8 +31,8 @@ from .modeling import build_model, maybe_sample
 from .observe import RunMonitor
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
 from .pipeline import Grid, Pipeline, all_finite, clip_grad_norm, report_stage_balance
-from .runtime import PRECISION_DTYPES, LossScaler, autocast, configure_host_allocator, configure_matmul, maybe_compile, \
-    resolve_device, resolve_precision, synchronize
+from .runtime import PRECISION_DTYPES, LossScaler, autocast, compile_enabled, configure_host_allocator, \
+    configure_matmul, maybe_compile, resolve_device, resolve_precision, synchronize
 from .train_config import TrainConfig
 from .train_state import Progress, checkpoint_name, resume, save, whole_model
 
@@ -228,8 +228,6 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
     ddp = wrap_data_parallel(model, env, device) if pipeline is None and zero < 2 else model
-    if pipeline is not None and cfg.torch_compile == "true":
-        log.notice("--torch-compile is not applied to pipeline stages in their own processes")
     forward = maybe_compile(ddp, "true" if cfg.compile_only else cfg.torch_compile, device,
                             cfg.executable_cache_dir)
     if cfg.compile_only:
@@ -296,7 +294,8 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
             raise UsageError(f"--zero-stage {zero} with pipeline stages in their own processes is not supported; "
                              "use --zero-stage 1 (--replicated-tensor-sharding) or launch fewer processes than stages")
         grid = Grid(layout.stages, layout.data_parallel, env.rank)
-        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation)
+        compiled = compile_enabled(cfg.torch_compile, device, cfg.executable_cache_dir)
+        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled)
         replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
         report_stage_balance(model, layout, cfg.batch_size, cfg.max_len, accumulation, cfg.pipeline_schedule,
                              torch.finfo(PRECISION_DTYPES[precision]).bits // 8)

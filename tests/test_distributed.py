@@ -125,6 +125,13 @@ def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_c
     assert run(pipeline_args(tiny_config, "--pipeline-schedule", "GPipe", *resume), nproc=2) == single[2:]
     # And in one process.
     assert run(pipeline_args(tiny_config, *resume)) == single[2:]
+    # Stages compiled (torch.compile per block): the same losses up to compiled rounding.
+    compiled = run(pipeline_args(tiny_config, "--torch-compile", "true"), nproc=2)
+    assert [loss_of(line) for line in compiled] == pytest.approx([loss_of(line) for line in single], abs=2e-3)
+
+
+def loss_of(step_line: str) -> float:
+    return float(step_line.split("loss: ")[1].split(",")[0])
 
 
 def test_pipeline_layout_errors_before_process_groups():
