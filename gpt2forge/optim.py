@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
+from collections.abc import MutableMapping
 from typing import Iterable
 
 import torch
@@ -109,25 +110,32 @@ def build_optimizer(
     if weight_decay < 0:
         raise UsageError(f"--weight-decay {weight_decay} is negative; pass a value >= 0")
 
-    def make(groups: list[dict], device_type: str) -> torch.optim.Optimizer:
-        kwargs = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        if name in ("AdamW", "Adam"):
-            fused = _can_fuse((p for g in groups for p in g["params"]), device_type)
-            # fused and foreach are mutually exclusive in torch; pass exactly one of them.
-            kwargs.update({"fused": True} if fused else {"foreach": True})
-            cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
-        else:
-            cls, kwargs["bias_correction"] = Lamb, name == "LAMB"
-        if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only
-            from torch.distributed.optim import ZeroRedundancyOptimizer
+    if name in ("AdamW", "Adam"):
+        cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
+        hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    else:
+        cls = Lamb
+        hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=name == "LAMB")
 
-            return ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=shard_group, **kwargs)
-        return cls(groups, **kwargs)
+    def make(groups: list[dict], device_type: str) -> torch.optim.Optimizer:
+        impl = {}
+        if cls is not Lamb:  # fused and foreach are mutually exclusive in torch; pass exactly one of them
+            fused = _can_fuse((p for g in groups for p in g["params"]), device_type)
+            impl = {"fused": True} if fused else {"foreach": True}
+        return cls(groups, **hyper, **impl)
+
+    def local(groups: list[dict], **_hyper) -> torch.optim.Optimizer:
+        """The optimizer of the parameters this process updates (ZeRO-1 passes its shard's groups)."""
+        if offload:
+            return OffloadedOptimizer(groups, lambda host_groups: make(host_groups, "cpu"))
+        return make(groups, device_type)
 
     groups = param_groups(model, weight_decay)
-    if offload:
-        return OffloadedOptimizer(groups, lambda host_groups: make(host_groups, "cpu"))
-    return make(groups, device_type)
+    if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only (on the host with offload)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(groups, optimizer_class=local, process_group=shard_group, **hyper)
+    return local(groups)
 
 
 class OffloadedOptimizer(torch.optim.Optimizer):
@@ -138,60 +146,93 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     device then holds only parameters and gradients: for AdamW that saves 8 bytes per parameter
     (the two moments), the ZeRO-offload use case of training a model bigger than device memory.
 
-    `param_groups`, `state_dict` and `load_state_dict` are the wrapped optimizer's, so LR
-    schedules and checkpoints work unchanged (a checkpoint's optimizer state is host tensors).
+    Outside it looks like an optimizer of the device parameters: `param_groups` hold them (LR
+    schedules set their hyper-parameters, copied to the host optimizer at each step), `state` is
+    keyed by them, and `state_dict` / `load_state_dict` are the host optimizer's (same indices),
+    so schedules, ZeRO-1 sharding (`ZeroRedundancyOptimizer` builds one per shard) and
+    checkpoints work unchanged; a checkpoint's optimizer state is host tensors.
     """
 
     def __init__(self, params: list[dict], build, host: torch.device = torch.device("cpu")):
-        """params: param groups as for torch.optim; build: groups -> the wrapped optimizer."""
-        self.device_params: list[torch.nn.Parameter] = []
+        """params: param groups as for torch.optim; build: host groups -> the wrapped optimizer."""
         host_groups = []
         pin = torch.cuda.is_available() and host.type == "cpu"
+        self.host_of: dict[torch.Tensor, torch.nn.Parameter] = {}
         for group in params:
             copies = []
             for p in group["params"]:
                 h = p.detach().to(host, torch.float32, copy=True)
                 copies.append(torch.nn.Parameter(h.pin_memory() if pin else h))
-                self.device_params.append(p)
+                self.host_of[p] = copies[-1]
             host_groups.append({**group, "params": copies})
         self.inner = build(host_groups)
-        self.host_params = [p for g in self.inner.param_groups for p in g["params"]]
-        # Optimizer.__init__ is not called: this object only forwards to `inner`.
+        self.host = host
+        # Optimizer.__init__ is not called: the groups mirror the host optimizer's, with device params.
         self.defaults = self.inner.defaults
+        self.param_groups = [{**g, "params": list(src["params"])} for g, src in zip(self.inner.param_groups, params)]
         self._optimizer_step_pre_hooks = {}
         self._optimizer_step_post_hooks = {}
 
     @property
-    def param_groups(self):
-        return self.inner.param_groups
+    def state(self) -> "_HostState":
+        return _HostState(self)
 
-    @property
-    def state(self):
-        return self.inner.state
+    def _sync_hyper_parameters(self, src: list[dict], dst: list[dict]) -> None:
+        for s, d in zip(src, dst):
+            d.update({k: v for k, v in s.items() if k != "params"})
 
     @torch.no_grad()
     def step(self, closure=None):
         assert closure is None, "OffloadedOptimizer does not take a closure"
-        for p, h in zip(self.device_params, self.host_params):
+        self._sync_hyper_parameters(self.param_groups, self.inner.param_groups)
+        pairs = list(self.host_of.items())
+        for p, h in pairs:
             h.grad = None if p.grad is None else p.grad.to(h.device, torch.float32, non_blocking=True)
-        if any(p.device.type == "cuda" for p in self.device_params):
+        if any(p.device.type == "cuda" for p, _ in pairs):
             torch.cuda.synchronize()  # the non-blocking copies must land before the host update
         self.inner.step()
-        for p, h in zip(self.device_params, self.host_params):
+        for p, h in pairs:
             p.copy_(h, non_blocking=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.device_params:
+        for p in self.host_of:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:
                 p.grad.zero_()
 
     def state_dict(self):
+        self._sync_hyper_parameters(self.param_groups, self.inner.param_groups)
         return self.inner.state_dict()
 
     def load_state_dict(self, state_dict) -> None:
         self.inner.load_state_dict(state_dict)
+        self._sync_hyper_parameters(self.inner.param_groups, self.param_groups)
+
+
+class _HostState(MutableMapping):
+    """`OffloadedOptimizer.state`: the host optimizer's state, keyed by the device parameters;
+    values set here (ZeRO-1 loading a shard's state) move to the host."""
+
+    def __init__(self, optimizer: OffloadedOptimizer):
+        self.opt = optimizer
+
+    def __getitem__(self, p):
+        return self.opt.inner.state[self.opt.host_of[p]]
+
+    def __setitem__(self, p, value) -> None:
+        host = self.opt.host
+        self.opt.inner.state[self.opt.host_of[p]] = {
+            k: v.to(host) if torch.is_tensor(v) else v for k, v in value.items()}
+
+    def __delitem__(self, p) -> None:
+        del self.opt.inner.state[self.opt.host_of[p]]
+
+    def __iter__(self):
+        return (p for p, h in self.opt.host_of.items() if h in self.opt.inner.state)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 # ---------------------------------------------------------------------------------------------

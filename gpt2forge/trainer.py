@@ -285,9 +285,6 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
     offload = apply_memory_features(model, cfg, device)
     zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
     shard = zero == 1
-    if offload and shard:
-        raise UsageError("--optimizer-state-offchip with ZeRO-1 (--replicated-tensor-sharding) is not supported; "
-                         "use --zero-stage 2 or 3 (FSDP2 with CPU offload) or drop one of them")
     pipeline, replica = None, env
     if layout.pipelined:
         if zero >= 2:

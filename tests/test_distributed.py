@@ -69,6 +69,17 @@ def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tm
     assert run(args(tiny_config, "--weight-decay", "0.1", *resume)) == single[2:]
 
 
+@pytest.mark.parametrize("optimizer", ["AdamW", "LAMB"])
+def test_zero1_with_offloaded_state_equals_plain_updates_and_resumes(optimizer):
+    """--replicated-tensor-sharding with --optimizer-state-offchip: each replica keeps its shard's
+    state on the host (tests/_zero_offload_worker.py checks updates, checkpoint state and resume)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(ROOT / "tests" / "_zero_offload_worker.py"), optimizer], cwd=ROOT,
+                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def _pid_of_rank(rank: int) -> int | None:
     """The torchrun worker process whose environment says RANK=rank."""
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -17,6 +17,7 @@ from gpt2forge.lm_head_loss import LossChunking, fused_lm_head_loss, lm_head_ce_
 from gpt2forge.memory import apply_activation_checkpointing, checkpointed_layers, lm_loss_chunking
 from gpt2forge.model import IGNORE_INDEX, GPT2LMHeadModel
 from gpt2forge.optim import build_lr_schedule, build_optimizer
+from gpt2forge.optim_state import named_state
 
 HAVE_KERNEL = custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "lm_head_ce")
 IMPLS = ["kernel", "reference"] if HAVE_KERNEL else ["reference"]
@@ -196,7 +197,13 @@ def test_offloaded_optimizer_matches_plain_and_round_trips_state(name):
     for (n, p), q in zip(models[0].named_parameters(), models[1].parameters()):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=n)
     assert opts[1].param_groups[0]["lr"] == opts[0].param_groups[0]["lr"]
-    opts[1].load_state_dict(opts[1].state_dict())
+    # Outside, it is an optimizer of the model's parameters: state keyed by them, the same checkpoint form.
+    assert set(opts[1].state) == set(models[1].parameters())
+    named = [named_state(o, m) for o, m in zip(opts, models)]
+    assert named[1]["param_groups"] == named[0]["param_groups"] and named[1]["state"].keys() == named[0]["state"].keys()
+    opts[1].load_state_dict(opts[0].state_dict())
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(opts[1].state[q]["exp_avg"], opts[0].state[p]["exp_avg"], rtol=0, atol=0)
 
 
 STEP = re.compile(r"^step \d+ of epoch \d+, loss: (\S+), .*, peak memory: (\S+) GiB")
