@@ -135,8 +135,8 @@ def shard_model(model: torch.nn.Module, stage: int, offload: bool) -> None:
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     kwargs = {"reshard_after_forward": stage == 3}
-    if offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if offload:  # pinned host memory where there is a GPU to copy to
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for block in model.transformer.h:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

@@ -69,13 +69,13 @@ def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tm
     assert run(args(tiny_config, "--weight-decay", "0.1", *resume)) == single[2:]
 
 
-@pytest.mark.parametrize("optimizer", ["AdamW", "LAMB"])
-def test_zero1_with_offloaded_state_equals_plain_updates_and_resumes(optimizer):
-    """--replicated-tensor-sharding with --optimizer-state-offchip: each replica keeps its shard's
-    state on the host (tests/_zero_offload_worker.py checks updates, checkpoint state and resume)."""
+@pytest.mark.parametrize("optimizer,zero", [("AdamW", "1"), ("LAMB", "1"), ("AdamW", "3")])
+def test_zero_with_offloaded_state_equals_plain_updates_and_resumes(optimizer, zero):
+    """--optimizer-state-offchip with ZeRO-1 (each replica keeps its shard's state on the host) and
+    ZeRO-3 (FSDP2 CPU offload): tests/_zero_offload_worker.py checks updates, checkpoint state, resume."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(ROOT / "tests" / "_zero_offload_worker.py"), optimizer], cwd=ROOT,
+                           str(ROOT / "tests" / "_zero_offload_worker.py"), optimizer, zero], cwd=ROOT,
                           env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
