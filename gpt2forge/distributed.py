@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from . import log
 from .errors import UsageError
+from .health import preflight
 
 TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
 """Collective timeout: a rank that died makes the others fail after this, never hang forever."""
@@ -83,6 +84,7 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if device.type == "cuda" else None)
     log.info(f"Distributed: {env.world_size} processes, backend {backend}")
+    preflight(device)
 
 
 def device_for(env: DistEnv, device: torch.device) -> torch.device:
@@ -162,8 +164,3 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()

@@ -11,8 +11,9 @@ import torch
 
 from . import log
 from .checkpoint import load_training_state, save_checkpoint
-from .distributed import barrier, full_optimizer_state, load_sharded_optimizer_state, sharded_state
+from .distributed import full_optimizer_state, load_sharded_optimizer_state, sharded_state
 from .errors import UsageError
+from .health import wait_for_rank0
 from .model import GPT2LMHeadModel
 from .optim_state import model_group_names, to_indexed, to_named
 from .train_config import TrainConfig
@@ -61,7 +62,7 @@ def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> 
     else:
         optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
     if not run.dist_env.is_main:
-        barrier()  # wait until rank 0 has written it
+        wait_for_rank0()  # until rank 0 has written it
         return
     state = {
         "progress": dataclasses.asdict(progress),
@@ -75,7 +76,7 @@ def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> 
                            extra_files=tokenizer_files(run.model.config.vocab_size,
                                                        run.cfg.tokenizer_name_or_path))
     log.info(f"saved checkpoint {path}")
-    barrier()
+    wait_for_rank0()
 
 
 def tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:

@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from . import log
 from .datasets import IGNORE_INDEX, DataRequest, collate, load_datasets, split_batch
-from .distributed import DistEnv, all_reduce_sum, barrier, check_world, device_for, env_from_launcher, \
+from .distributed import DistEnv, all_reduce_sum, check_world, device_for, env_from_launcher, \
     init_process_group, resolve_zero_stage, shard_model, shutdown, wrap_data_parallel
 from .errors import UsageError
+from .health import Watchdog, wait_for_rank0
 from .layout import Layout, build_layout, report_layout, stages_of
 from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
 from .metrics import StepMeter, device_peak
@@ -56,6 +57,7 @@ class Run:
     ddp: Any = None  # the DistributedDataParallel wrapper when running several processes
     pipeline: Pipeline | None = None  # this process's pipeline stage, when stages have their own processes
     fsdp: bool = False  # ZeRO-2/3: `model` is sharded with FSDP2 (collectives in every forward)
+    watchdog: Watchdog | None = None  # several processes: exits with a stack dump when training stalls
 
     @property
     def stage_processes(self) -> int:
@@ -87,6 +89,8 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     else:
         totals = torch.zeros(3, device=run.device)
         for i, (x, y) in enumerate(pairs):
+            if run.watchdog is not None:
+                run.watchdog.kick()
             # Gradients are all-reduced once per update, during the last micro-batch's backward.
             sync = i == len(pairs) - 1
             if run.fsdp:  # ZeRO-2/3: reduce-scatter once, in the last micro-batch's backward
@@ -121,7 +125,7 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int] | None:
     if run.pipeline is not None:
         run.pipeline.gather_weights()
         result = _evaluate(run, dataset, DistEnv()) if run.dist_env.is_main else None
-        barrier()
+        wait_for_rank0()
         return result
     # Sharded parameters are gathered in every forward: all ranks score the whole set in step.
     return _evaluate(run, dataset, DistEnv() if run.fsdp else run.replica)
@@ -258,6 +262,11 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation,
               dist_env=env, replica=replica, ddp=ddp if ddp is not model else None, pipeline=pipeline,
               fsdp=zero >= 2)
+    if env.enabled:
+        where = f"rank {env.rank}" + (f" (pipeline stage {pipeline.grid.stage})" if pipeline is not None else "")
+        run.watchdog = Watchdog(where)
+        if pipeline is not None:  # progress = a micro-batch's forward through this stage
+            pipeline.module.register_forward_pre_hook(lambda *_: run.watchdog.kick())
     if cfg.eval_wikitext or cfg.eval_lambada:
         from .evaluation.quick import QuickEval
 
@@ -274,8 +283,14 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     finally:
         monitor.close()
     if cfg.sample_tokens:
-        maybe_sample(cfg, whole_model(run), device)
+        with _paused(run):
+            maybe_sample(cfg, whole_model(run), device)
     return 0
+
+
+def _paused(run: Run):
+    """Suspend the hang watchdog (evaluation, sampling, checkpoints: phases with their own pace)."""
+    return run.watchdog.paused() if run.watchdog is not None else contextlib.nullcontext()
 
 
 def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
@@ -321,6 +336,8 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
         for index_in_epoch in range(progress.step_in_epoch, steps_per_epoch):
             totals = torch.zeros(3, device=run.device)
             data_wait = 0.0  # host seconds blocked on the data loader in this step
+            if run.watchdog is not None:
+                run.watchdog.kick(f"step {progress.step} (update {progress.updates})")
             for _ in range(cfg.device_iterations):
                 t_wait = time.perf_counter()
                 micro_batches = next(updates)
@@ -355,21 +372,24 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
             eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
             if run.pipeline is not None and progress.step == 1:
                 run.pipeline.report_peak_memory(peak_gib)
-            if data.val is not None and eval_now and (result := evaluate(run, data.val)) is not None:
-                last_val = result
-                log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
-                         f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
-                monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
-                                    "val_loss": last_val[0], "val_perplexity": last_val[1]})
-            if run.quick_eval is not None and eval_now and (whole := whole_model(run)) is not None:
-                quick = run.quick_eval.run(whole, run.precision)  # rank 0 alone
-                log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
-            name = checkpoint_name(cfg, progress, epoch_done, last)
-            if name:
-                metrics = {"loss": loss, "acc": acc}
-                if last_val:
-                    metrics.update(val_loss=last_val[0], val_perplexity=last_val[1])
-                save(run, progress, name, metrics)
+            with _paused(run):
+                if data.val is not None and eval_now and (result := evaluate(run, data.val)) is not None:
+                    last_val = result
+                    log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
+                             f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
+                    monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
+                                        "val_loss": last_val[0], "val_perplexity": last_val[1]})
+                if run.quick_eval is not None and eval_now:
+                    if (whole := whole_model(run)) is not None:
+                        quick = run.quick_eval.run(whole, run.precision)  # rank 0 alone
+                        log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
+                    wait_for_rank0()
+                name = checkpoint_name(cfg, progress, epoch_done, last)
+                if name:
+                    metrics = {"loss": loss, "acc": acc}
+                    if last_val:
+                        metrics.update(val_loss=last_val[0], val_perplexity=last_val[1])
+                    save(run, progress, name, metrics)
             if last or epoch_done:
                 break
 

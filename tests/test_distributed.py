@@ -2,12 +2,14 @@
 one process with the same global batch, ZeRO-1, checkpoints that resume under another layout, the
 launcher scripts, and layout errors before any process group work."""
 
+import contextlib
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,32 @@ def test_zero_with_offloaded_state_equals_plain_updates_and_resumes(optimizer, z
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def test_preflight_names_a_rank_that_does_not_arrive():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                str(ROOT / "tests" / "_health_worker.py")]
+    ok = subprocess.run([*torchrun, "0", "30"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "Preflight: 2 ranks passed a barrier and an all-reduce over gloo" in ok.stdout
+    late = subprocess.run([*torchrun, "6", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert late.returncode != 0
+    errors = [line for line in late.stderr.splitlines() if line.startswith("error: preflight on rank 0")]
+    assert len(errors) == 1 and "Ranks 1 failed to pass monitoredBarrier" in errors[0], late.stderr[-2000:]
+
+
+def test_watchdog_dumps_stacks_and_exits_when_training_stalls():
+    code = ("import time\nfrom gpt2forge.health import Watchdog\n"
+            "w = Watchdog('rank 3 (pipeline stage 1)', timeout_s=0.5)\n"
+            "w.kick('step 7 (update 7)')\n"
+            "with w.paused():\n    time.sleep(1.5)\n"  # paused: no exit
+            "def stuck_in_the_data_loader():\n    time.sleep(30)\n"
+            "stuck_in_the_data_loader()\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("error: rank 3 (pipeline stage 1): no progress for 0.5 s during step 7 (update 7)")
+    assert any("stuck_in_the_data_loader" in line for line in lines[1:])
+
+
 def _pid_of_rank(rank: int) -> int | None:
     """The torchrun worker process whose environment says RANK=rank."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -111,6 +139,35 @@ def test_a_rank_that_dies_ends_the_job_promptly_naming_it(tiny_config):
     assert proc.returncode != 0
     root_cause = err.split("Root Cause", 1)[1]
     assert "rank      : 1" in root_cause and "SIGKILL" in root_cause
+
+
+def test_a_stalled_rank_ends_the_job_with_the_stacks_of_the_one_waiting(tiny_config):
+    """Rank 1 (pipeline stage 1) is stopped mid-training: rank 0's watchdog sees no progress (it waits
+    for stage 1's gradients) and exits with its stacks instead of hanging until the collective timeout."""
+    argv = pipeline_args(tiny_config)
+    argv[argv.index("--training-steps") + 1] = "100000"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", GPT2FORGE_HANG_TIMEOUT_MIN="0.05")  # 3 s
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        assert any(line.startswith("step ") for line in proc.stdout), "training never started"
+        pid = _pid_of_rank(1)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(6)
+        os.kill(pid, signal.SIGCONT)  # let torchrun's SIGTERM end it
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert proc.returncode != 0
+    fired = err.split("error: rank 0 (pipeline stage 0): no progress for 3 s during step ", 1)
+    assert len(fired) == 2, err[-3000:]
+    assert "in _loop" in fired[1] and "Root Cause" in err
 
 
 def pipeline_args(cfg: Path, *extra: str) -> list[str]:
