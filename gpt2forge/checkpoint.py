@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TRAINING_STATE = "training_state.pt"
 LATEST = "latest"
+CHECKPOINT_NAME = re.compile(r"(step|epoch)_\d+")
 
 
 def to_hf_state_dict(model: GPT2LMHeadModel) -> dict[str, torch.Tensor]:
@@ -85,6 +87,28 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
         raise UsageError(f"--checkpoint-input-dir {path}: directory not found")
     raise UsageError(f"--checkpoint-input-dir {path}: no config.json (not a GPT-2 checkpoint); point it at a "
                      "step_N/ or epoch_N/ directory or a Hugging Face GPT-2 directory")
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The checkpoint `<root>/latest` names, when it is complete (None when there is none yet)."""
+    pointer = Path(root) / LATEST
+    if not pointer.is_file():
+        return None
+    ckpt = Path(root) / pointer.read_text().strip()
+    return ckpt if (ckpt / "config.json").is_file() and (ckpt / TRAINING_STATE).is_file() else None
+
+
+def prune_checkpoints(root: str | Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest checkpoints (`step_N/`, `epoch_N/`, by write time) in `root`,
+    never the one `latest` names. Returns the deleted directories."""
+    root = Path(root)
+    found = [d for d in root.iterdir() if CHECKPOINT_NAME.fullmatch(d.name) and (d / "config.json").is_file()]
+    found.sort(key=lambda d: (d / "config.json").stat().st_mtime_ns, reverse=True)
+    latest = latest_checkpoint(root)
+    removed = [d for d in found[keep:] if latest is None or d.resolve() != latest.resolve()]
+    for d in removed:
+        shutil.rmtree(d)
+    return removed
 
 
 def load_model_config(ckpt_dir: Path, vocab_pad_multiple: int | None = None) -> ModelConfig:

@@ -71,6 +71,10 @@ class TrainConfig:
     save_per_steps: int | None = opt(None, "save step_N/ every N host steps")
     resume_training_from_checkpoint: bool = opt(False, "continue the run saved in --checkpoint-input-dir "
                                                 "(optimizer, schedule, step, data position, RNG)", kind="bool")
+    auto_resume: bool = opt(False, "(new) continue from the latest checkpoint in --checkpoint-output-dir when "
+                            "there is one, else start as asked (for requeued or restarted jobs)", kind="bool")
+    keep_checkpoints: int | None = opt(None, "(new) keep only the N newest checkpoints in --checkpoint-output-dir "
+                                       "(older step_N/ and epoch_N/ are deleted after each save)")
     use_wandb: bool = opt(False, "log metrics to Weights & Biases (needs the wandb package)", kind="bool")
 
     # -- optimizer / LR (§1.4) ---------------------------------------------------------------------
@@ -171,6 +175,10 @@ class TrainConfig:
             problems.append("--loss-scaling must be > 0")
         if self.resume_training_from_checkpoint and not self.checkpoint_input_dir:
             problems.append("--resume-training-from-checkpoint needs --checkpoint-input-dir DIR")
+        if self.auto_resume and not self.checkpoint_output_dir:
+            problems.append("--auto-resume needs --checkpoint-output-dir DIR (where the run's checkpoints are)")
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+            problems.append(f"--keep-checkpoints must be >= 1 (got {self.keep_checkpoints})")
         if self.layers_per_ipu is not None and any(n < 0 for n in self.layers_per_ipu):
             problems.append("--layers-per-ipu entries must be >= 0")
         if self.dataset in ("pickle", "tfrecord", "mmap") and not self.input_files:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import log
-from .checkpoint import load_training_state, save_checkpoint
+from .checkpoint import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
 from .distributed import full_optimizer_state, load_sharded_optimizer_state, sharded_state
 from .errors import UsageError
 from .health import wait_for_rank0
@@ -76,7 +76,24 @@ def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> 
                            extra_files=tokenizer_files(run.model.config.vocab_size,
                                                        run.cfg.tokenizer_name_or_path))
     log.info(f"saved checkpoint {path}")
+    if run.cfg.keep_checkpoints:
+        for old in prune_checkpoints(run.cfg.checkpoint_output_dir, run.cfg.keep_checkpoints):
+            log.info(f"removed checkpoint {old} (--keep-checkpoints {run.cfg.keep_checkpoints})")
     wait_for_rank0()
+
+
+def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
+    """--auto-resume: resume from the latest checkpoint in --checkpoint-output-dir when there is one
+    (a requeued or restarted job); otherwise the run starts as its other flags say."""
+    if not cfg.auto_resume:
+        return cfg
+    latest = latest_checkpoint(cfg.checkpoint_output_dir)
+    if latest is None:
+        log.info(f"auto-resume: no checkpoint in {cfg.checkpoint_output_dir} yet; starting "
+                 + (f"from {cfg.checkpoint_input_dir}" if cfg.checkpoint_input_dir else "a new run"))
+        return cfg
+    log.info(f"auto-resume: continuing from {latest}")
+    return dataclasses.replace(cfg, checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
 
 
 def tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:

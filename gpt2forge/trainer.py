@@ -35,7 +35,7 @@ from .pipeline import Grid, Pipeline, all_finite, clip_grad_norm, report_stage_b
 from .runtime import PRECISION_DTYPES, LossScaler, autocast, compile_enabled, configure_host_allocator, \
     configure_matmul, maybe_compile, resolve_device, resolve_precision, synchronize
 from .train_config import TrainConfig
-from .train_state import Progress, checkpoint_name, resume, save, whole_model
+from .train_state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
 
 
 @dataclasses.dataclass
@@ -205,6 +205,7 @@ def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
     env = env_from_launcher()
     check_world(env, cfg.replication_factor, stages_of(cfg))  # before any process group work
+    cfg = apply_auto_resume(cfg)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     device = device_for(env, resolve_device(cfg.device))

@@ -6,6 +6,8 @@
 # Several nodes: set NNODES and MASTER_ADDR (and MASTER_PORT, default 29500) on every node; the rendezvous
 # is torchrun's c10d backend at MASTER_ADDR:MASTER_PORT, which numbers the nodes itself (no node rank to set;
 # a NODE_RANK in the environment is ignored). Every node runs the same command; nodes may join in any order.
+# MAX_RESTARTS=N lets torchrun restart the workers up to N times after a failure; with --auto-resume
+# and --checkpoint-output-dir they continue from the latest checkpoint.
 # PYTHON overrides the interpreter (default: .venv/bin/python, else python3).
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
@@ -17,5 +19,12 @@ launch() {
         rdzv=(--nnodes "$nnodes" --rdzv_backend c10d
               --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-gpt2forge}")
     fi
-    exec "$PY" -m torch.distributed.run "${rdzv[@]}" --nproc_per_node "${NPROC_PER_NODE:-1}" "$@"
+    local restarts=()
+    if [ -n "${MAX_RESTARTS:-}" ]; then
+        restarts=(--max_restarts "$MAX_RESTARTS")
+        # Restarted workers must not share the rendezvous store: they would read the previous
+        # attempt's addresses and fail to connect (pytorch/pytorch#135712).
+        export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    fi
+    exec "$PY" -m torch.distributed.run "${rdzv[@]}" "${restarts[@]}" --nproc_per_node "${NPROC_PER_NODE:-1}" "$@"
 }

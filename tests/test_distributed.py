@@ -141,6 +141,38 @@ def test_a_rank_that_dies_ends_the_job_promptly_naming_it(tiny_config):
     assert "rank      : 1" in root_cause and "SIGKILL" in root_cause
 
 
+def test_a_restarted_job_continues_from_its_latest_checkpoint(tiny_config, tmp_path):
+    """MAX_RESTARTS through run/launch.sh with --auto-resume: rank 1 is killed after a checkpoint,
+    torchrun restarts both workers, they continue from the latest checkpoint and end where an
+    uninterrupted run ends."""
+    def launch(out: Path, kill_after: Path | None = None) -> tuple[int, str]:
+        argv = args(tiny_config, "--checkpoint-output-dir", str(out), "--save-per-steps", "40", "--log-steps", "40",
+                    "--auto-resume", "true", "--keep-checkpoints", "2", "--save-per-epochs", "1000")
+        argv[argv.index("--training-steps") + 1] = "240"
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NNODES")}
+        env.update(MAX_RESTARTS="1", NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHON=sys.executable)
+        proc = subprocess.Popen(["bash", "-c", "source run/launch.sh; launch " + " ".join(argv)], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if kill_after is not None:
+            deadline = time.monotonic() + 300
+            while not (kill_after / "config.json").is_file() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            os.kill(_pid_of_rank(1), signal.SIGKILL)
+        out_text, _ = proc.communicate(timeout=600)
+        return proc.returncode, out_text
+
+    code, uninterrupted = launch(tmp_path / "a")
+    assert code == 0, uninterrupted[-3000:]
+    code, restarted = launch(tmp_path / "b", kill_after=tmp_path / "b" / "step_80")
+    assert code == 0, restarted[-3000:]
+    assert "auto-resume: continuing from" in restarted
+    after = [m.group(1) for line in restarted.split("auto-resume: continuing from", 1)[1].splitlines()
+             if (m := STEP.match(line))]
+    expected = [m.group(1) for line in uninterrupted.splitlines() if (m := STEP.match(line))]
+    assert after and after == expected[-len(after):]
+    assert sorted(d.name for d in (tmp_path / "b").iterdir() if d.is_dir()) == ["step_200", "step_240"]
+
+
 def test_a_stalled_rank_ends_the_job_with_the_stacks_of_the_one_waiting(tiny_config):
     """Rank 1 (pipeline stage 1) is stopped mid-training: rank 0's watchdog sees no progress (it waits
     for stage 1's gradients) and exits with its stacks instead of hanging until the collective timeout."""
@@ -241,12 +273,13 @@ def test_bad_world_exits_2_with_one_line(tiny_config):
 @pytest.mark.parametrize("env,expected", [
     ({}, ["--standalone", "--nproc_per_node", "1"]),
     ({"NPROC_PER_NODE": "4"}, ["--standalone", "--nproc_per_node", "4"]),
+    ({"NPROC_PER_NODE": "4", "MAX_RESTARTS": "3"}, ["--standalone", "--max_restarts", "3", "--nproc_per_node", "4"]),
     ({"NNODES": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "NPROC_PER_NODE": "8"},
      ["--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400",
       "--rdzv_id", "gpt2forge", "--nproc_per_node", "8"]),
 ])
 def test_launcher_builds_a_torchrun_command_that_torchrun_parses(env, expected):
-    clean = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "NPROC_PER_NODE")}
+    clean = {k: v for k, v in os.environ.items() if k not in ("NNODES", "NODE_RANK", "NPROC_PER_NODE", "MAX_RESTARTS")}
     out = subprocess.run(["bash", "-c", "source run/launch.sh; launch train_gpt2.py --model gpt2"], cwd=ROOT,
                          env={**clean, "PYTHON": "echo", **env}, capture_output=True, text=True, check=True).stdout
     argv = out.split()

@@ -4,6 +4,7 @@ kill -9, bad input gives one line and exit code 2."""
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +55,25 @@ def test_resumed_run_equals_uninterrupted_run(tiny_config, tmp_path, capsys, wor
     a = load_file(full / "epoch_2" / "model.safetensors")
     b = load_file(part / "epoch_2" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_auto_resume_continues_from_the_latest_checkpoint_and_keep_prunes(tiny_config, tmp_path, capsys):
+    full, requeued = tmp_path / "full", tmp_path / "requeued"
+    args = ["--save-per-steps", "3", "--auto-resume", "true", "--keep-checkpoints", "2"]
+    # No checkpoint yet: a fresh run. It writes step_3, epoch_1, step_6, epoch_2 and keeps the newest two.
+    assert train_main(base_args(tiny_config, full, *args)) == 0
+    out = capsys.readouterr().out
+    assert f"auto-resume: no checkpoint in {full} yet; starting a new run" in out
+    assert sorted(d.name for d in full.iterdir() if d.is_dir()) == ["epoch_2", "step_6"]
+    full_lines = step_lines(out)
+    # A job requeued after writing step_6 (its output directory holds it): the same command continues.
+    requeued.mkdir()
+    shutil.copytree(full / "step_6", requeued / "step_6")
+    (requeued / "latest").write_text("step_6\n")
+    assert train_main(base_args(tiny_config, requeued, *args)) == 0
+    out = capsys.readouterr().out
+    assert f"auto-resume: continuing from {requeued / 'step_6'}" in out
+    assert step_lines(out) == full_lines[6:]
 
 
 def test_loss_falls_and_step_line_format(tiny_config, tmp_path, capsys):
