@@ -15,6 +15,10 @@ class UsageError(ValueError):
     """
 
 
+class RunError(RuntimeError):
+    """A run that cannot go on (it diverged, say): one line saying why and what to do, exit code 1."""
+
+
 def collect(errors: list[str]) -> None:
     """Raise one UsageError for all collected problems (joined with '; '), if any."""
     if errors:
@@ -31,6 +35,9 @@ def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except RunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130

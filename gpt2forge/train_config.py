@@ -88,6 +88,8 @@ class TrainConfig:
     lr_warmup_steps: int | None = opt(None, "warm-up in optimizer updates (overrides --lr-warmup)")
     lr_decay_steps: int | None = opt(None, "schedule length in optimizer updates (default: the whole run)")
     max_grad_norm: float | None = opt(None, "(new) clip the global gradient norm to this value")
+    max_nonfinite_updates: int = opt(10, "(new) updates with non-finite gradients are skipped; stop the run after "
+                                 "this many in a row")
 
     # -- precision (§1.5) --------------------------------------------------------------------------
     precision: str = opt("auto", "(new) auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA, fp32 on CPU)",
@@ -169,6 +171,8 @@ class TrainConfig:
             problems.append("--epochs 0 trains nothing; give --epochs >= 1 or --training-steps")
         if self.learning_rate < 0 or self.weight_decay < 0:
             problems.append("--learning-rate and --weight-decay must be >= 0")
+        if self.max_nonfinite_updates < 1:
+            problems.append(f"--max-nonfinite-updates must be >= 1 (got {self.max_nonfinite_updates})")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             problems.append("--max-grad-norm must be > 0")
         if self.loss_scaling <= 0:

@@ -22,7 +22,7 @@ from . import log
 from .datasets import IGNORE_INDEX, DataRequest, collate, load_datasets, split_batch
 from .distributed import DistEnv, all_reduce_sum, check_world, device_for, env_from_launcher, \
     init_process_group, resolve_zero_stage, shard_model, shutdown, wrap_data_parallel
-from .errors import UsageError
+from .errors import RunError, UsageError
 from .health import Watchdog, wait_for_rank0
 from .layout import Layout, build_layout, report_layout, stages_of
 from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
@@ -58,6 +58,7 @@ class Run:
     pipeline: Pipeline | None = None  # this process's pipeline stage, when stages have their own processes
     fsdp: bool = False  # ZeRO-2/3: `model` is sharded with FSDP2 (collectives in every forward)
     watchdog: Watchdog | None = None  # several processes: exits with a stack dump when training stalls
+    nonfinite_in_a_row: int = 0  # updates skipped for non-finite gradients since the last good one
 
     @property
     def stage_processes(self) -> int:
@@ -103,19 +104,46 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         params = [p for p in run.model.parameters() if p.requires_grad]  # the device copies, even when offloaded
     all_reduce_sum(totals)  # the loss lives on the last stage: others add zeros
     finite = run.scaler.unscale_and_check(params)
-    if run.pipeline is not None and run.scaler.enabled:
-        finite = all_finite(finite, run.device)
+    norm = None  # the global gradient norm, when clipping computed it
     if run.cfg.max_grad_norm is not None:
         if run.pipeline is not None:
-            clip_grad_norm(params, run.pipeline.norm_parameters(), run.cfg.max_grad_norm, run.replica.world_size)
+            norm = clip_grad_norm(params, run.pipeline.norm_parameters(), run.cfg.max_grad_norm,
+                                  run.replica.world_size)
         else:
-            torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
+            total = torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
+            norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+    if not run.scaler.enabled:  # fp32/bf16: a non-finite gradient skips the update too
+        finite = math.isfinite(norm) if norm is not None else _grads_finite(params)
+    if (run.pipeline is not None or run.fsdp) and (norm is None or run.scaler.enabled):
+        finite = all_finite(finite, run.device)  # stages / shards hold different gradients
     if finite:
         run.optimizer.step()
+        run.nonfinite_in_a_row = 0
+    else:
+        _skip_update(run)
     run.scaler.update(finite)
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     return totals
+
+
+def _grads_finite(params: list[torch.nn.Parameter]) -> bool:
+    """True when every gradient (this process's shard of it) is finite; one device sync."""
+    grads = [g.to_local() if hasattr(g, "to_local") else g for p in params if (g := p.grad) is not None]
+    return bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()) if grads else True
+
+
+def _skip_update(run: Run) -> None:
+    """A non-finite gradient: no update, a notice, and the run stops after --max-nonfinite-updates in a row."""
+    run.nonfinite_in_a_row += 1
+    limit = run.cfg.max_nonfinite_updates
+    update = run.scheduler.last_epoch
+    log.notice(f"update {update}: non-finite gradients, update skipped ({run.nonfinite_in_a_row} in a row, "
+               f"the run stops at {limit})")
+    if run.nonfinite_in_a_row >= limit:
+        raise RunError(f"{limit} updates in a row had non-finite gradients (the last was update {update}); the "
+                       "run diverged: lower --learning-rate, clip with --max-grad-norm, or resume from an earlier "
+                       "checkpoint")
 
 
 @torch.no_grad()

@@ -76,6 +76,22 @@ def test_auto_resume_continues_from_the_latest_checkpoint_and_keep_prunes(tiny_c
     assert step_lines(out) == full_lines[6:]
 
 
+def test_non_finite_gradients_skip_updates_and_stop_a_diverged_run(tiny_config, tmp_path, capsys):
+    # A learning rate of 1e30 blows the weights up after the first updates; from then on every
+    # gradient is NaN. Those updates are skipped (the weights stay finite) and the run stops with one line.
+    args = base_args(tiny_config, tmp_path / "o", "--learning-rate", "1e30", "--lr-schedule", "constant",
+                     "--max-nonfinite-updates", "3", "--save-per-steps", "1", "--gradient-accumulation", "1")
+    args.remove("--max-grad-norm")
+    args.remove("1.0")
+    assert train_main(args) == 1
+    captured = capsys.readouterr()
+    assert captured.err.count("non-finite gradients, update skipped") == 3
+    errors = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "3 updates in a row had non-finite gradients" in errors[0]
+    saved = load_file(tmp_path / "o" / "step_1" / "model.safetensors")
+    assert all(t.isfinite().all() for t in saved.values())
+
+
 def test_loss_falls_and_step_line_format(tiny_config, tmp_path, capsys):
     args = base_args(tiny_config, tmp_path / "o", "--epochs", "6", "--learning-rate", "1e-2")
     assert train_main(args) == 0
