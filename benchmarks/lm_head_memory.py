@@ -68,10 +68,13 @@ def _reset_hwm() -> None:
         pass
 
 
-def _measure(fn, device, repeats: int) -> dict:
+def _measure(fn, device, repeats: int, release=lambda: None) -> dict:
+    """Best time of `fn` and its memory above what is held before it; `release` frees what a call
+    leaves behind (gradients) so the baseline does not already hold it."""
     import torch
 
     fn()  # warm-up: thread pools, allocator, libraries
+    release()
     if device.type == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -81,6 +84,7 @@ def _measure(fn, device, repeats: int) -> dict:
         _reset_hwm()
     best = float("inf")
     for _ in range(repeats):
+        release()
         t0 = time.perf_counter()
         fn()
         if device.type == "cuda":
@@ -108,8 +112,10 @@ def child_op(args, variant: str) -> dict:
     elif variant == "fused" and device.type == "cpu" and not lhl._use_kernel(h):
         raise SystemExit("fused: the custom ops library is not built; run `make`")
 
-    def step():
+    def release():
         h.grad = W.grad = None
+
+    def step():
         with autocast(device, args.precision):
             if variant == "plain":
                 logits = h @ W.T
@@ -119,7 +125,7 @@ def child_op(args, variant: str) -> dict:
                 loss = lhl.fused_lm_head_loss(h, W, y, V)[0]
         loss.backward()
 
-    return _measure(step, device, args.repeats)
+    return _measure(step, device, args.repeats, release)
 
 
 def child_train(args, variant: str) -> dict:

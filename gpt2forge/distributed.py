@@ -79,7 +79,9 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
     """Join the process group (NCCL on CUDA, gloo otherwise) with a finite timeout."""
     if not env.enabled or dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    # On GPUs NCCL moves CUDA tensors and gloo the CPU ones (FSDP2's CPU-offloaded gradient norm,
+    # object collectives of host state), so neither kind of tensor meets a backend it lacks.
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if device.type == "cuda" else None)
@@ -90,6 +92,11 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
 def device_for(env: DistEnv, device: torch.device) -> torch.device:
     """One GPU per local rank on CUDA; CPU processes share the CPU."""
     if device.type == "cuda" and env.enabled:
+        count = torch.cuda.device_count()
+        if env.local_rank >= count:
+            raise UsageError(f"local rank {env.local_rank} has no GPU of its own: this node has {count} CUDA "
+                             f"device(s); start at most {count} process(es) per node (NPROC_PER_NODE / "
+                             "--nproc_per_node) or pass --device cpu")
         return torch.device("cuda", env.local_rank)
     return device
 
@@ -129,14 +136,17 @@ def resolve_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool,
     return stage
 
 
-def shard_model(model: torch.nn.Module, stage: int, offload: bool) -> None:
+def shard_model(model: torch.nn.Module, stage: int, offload: bool, device: torch.device) -> None:
     """FSDP2 (ZeRO-2/3): every block one unit, the root holding the embeddings, ln_f and the tied head.
     Stage 2 keeps the gathered parameters from forward to backward (gradients and optimizer state
     sharded); stage 3 re-shards them after forward (parameters sharded too). `offload` keeps the
     shards, their gradients and the optimizer update in host memory (ZeRO-offload)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
-    kwargs = {"reshard_after_forward": stage == 3}
+    # The mesh names the device: left out, FSDP2 takes the host's accelerator even for a CPU run.
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    kwargs = {"reshard_after_forward": stage == 3, "mesh": mesh}
     if offload:  # pinned host memory where there is a GPU to copy to
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for block in model.transformer.h:

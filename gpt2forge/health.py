@@ -60,7 +60,7 @@ def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIME
         ok = False
     if not ok:
         hint = ("NCCL cannot move data between these ranks: set NCCL_DEBUG=INFO to see the transport, and "
-                "try NCCL_SOCKET_IFNAME=<interface> or NCCL_IB_DISABLE=1") if backend == "nccl" else \
+                "try NCCL_SOCKET_IFNAME=<interface> or NCCL_IB_DISABLE=1") if "nccl" in backend else \
             "check the network between the nodes"
         raise UsageError(f"preflight on rank {rank}: the ranks met, but an all-reduce over {backend} did not "
                          f"complete correctly within {timeout.total_seconds():.0f} s; {hint}")

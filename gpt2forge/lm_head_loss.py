@@ -67,8 +67,12 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     cdt = compute_dtype or hidden.dtype
     N, C = hidden.shape
     V = vocab_size
-    if bool(((labels != ignore_index) & ((labels < 0) | (labels >= V))).any()):
-        raise ValueError(f"gpt2forge::lm_head_ce: a label is outside [0, {V}) and is not ignore_index {ignore_index}")
+    bad = ((labels != ignore_index) & ((labels < 0) | (labels >= V))).any()
+    message = f"gpt2forge::lm_head_ce: a label is outside [0, {V}) and is not ignore_index {ignore_index}"
+    if labels.is_cuda:  # checked on the device: no host sync per call
+        torch._assert_async(~bad, message)
+    elif bool(bad):
+        raise ValueError(message)
     width = math.ceil(V / vocab_chunks)
     W = weight[:V].to(cdt)  # (V, C): the padding rows are never computed
     f32 = dict(device=hidden.device, dtype=torch.float32)

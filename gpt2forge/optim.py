@@ -132,10 +132,28 @@ def build_optimizer(
 
     groups = param_groups(model, weight_decay)
     if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only (on the host with offload)
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        return ZeroRedundancyOptimizer(groups, optimizer_class=local, process_group=shard_group, **hyper)
+        return _zero1(groups, local, shard_group, hyper)
     return local(groups)
+
+
+def _zero1(groups: list[dict], local, group, hyper: dict) -> torch.optim.Optimizer:
+    """ZeroRedundancyOptimizer whose `load_state_dict` leaves fused Adam's step counters on the
+    parameters' device (it moves every 0-dim state tensor to the CPU, which fused CUDA Adam refuses
+    on the next step: pytorch/pytorch#124133)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    class ZeroOptimizer(ZeroRedundancyOptimizer):
+        def load_state_dict(self, state_dict) -> None:
+            super().load_state_dict(state_dict)
+            for g in self.optim.param_groups:
+                if not g.get("fused"):
+                    continue
+                for p in g["params"]:
+                    step = self.optim.state.get(p, {}).get("step")
+                    if torch.is_tensor(step) and step.device != p.device:
+                        self.optim.state[p]["step"] = step.to(p.device, torch.float32)
+
+    return ZeroOptimizer(groups, optimizer_class=local, process_group=group, **hyper)
 
 
 class OffloadedOptimizer(torch.optim.Optimizer):
@@ -188,8 +206,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         pairs = list(self.host_of.items())
         for p, h in pairs:
             h.grad = None if p.grad is None else p.grad.to(h.device, torch.float32, non_blocking=True)
-        if any(p.device.type == "cuda" for p, _ in pairs):
-            torch.cuda.synchronize()  # the non-blocking copies must land before the host update
+        for device in {p.device for p, _ in pairs if p.device.type == "cuda"}:
+            torch.cuda.synchronize(device)  # the non-blocking copies must land before the host update
         self.inner.step()
         for p, h in pairs:
             p.copy_(h, non_blocking=True)

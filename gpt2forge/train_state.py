@@ -8,6 +8,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from . import log
 from .checkpoint import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
@@ -33,18 +34,44 @@ class Progress:
     updates: int = 0  # optimizer updates done
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's random state: torch (CPU), Python, and its own GPU's when it runs on one."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # older checkpoints kept every visible GPU's state
+        cuda = cuda[device.index or 0] if device is not None and (device.index or 0) < len(cuda) else None
+    if cuda is not None and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def gather_rng_states(device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's random state, in rank order (a collective; one entry in a single process)."""
+    mine = rng_state(device)
+    if not dist.is_initialized():
+        return [mine]
+    states: list = [None] * dist.get_world_size()
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device, seed: int, step: int) -> None:
+    """Each rank takes its own saved random state (dropout masks continue as uninterrupted). A
+    checkpoint from another process count has no state for every rank: rank 0's is taken and the
+    others are reseeded from (seed, rank, step), so replicas still draw different masks."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    states = state.get("rng_ranks") or [state["rng"]]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    set_rng_state(states[rank] if len(states) == world else states[0], device)
+    if len(states) != world and rank:
+        torch.manual_seed(seed + 1_000_003 * rank + step)
 
 
 def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
@@ -61,6 +88,7 @@ def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> 
             model = whole_model_from(model_state, run.model.config)
     else:
         optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
+    rngs = gather_rng_states(run.device)
     if not run.dist_env.is_main:
         wait_for_rank0()  # until rank 0 has written it
         return
@@ -69,7 +97,8 @@ def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> 
         "optimizer": optimizer_state,
         "lr_scheduler": run.scheduler.state_dict(),
         "loss_scaler": run.scaler.state_dict(),
-        "rng": rng_state(),
+        "rng": rngs[0],
+        "rng_ranks": rngs,
         "metrics": metrics,
     }
     path = save_checkpoint(run.cfg.checkpoint_output_dir, name, model, state, run.cfg.to_dict(),
@@ -133,7 +162,7 @@ def resume(run: Run, ckpt_dir, progress: Progress) -> None:
         run.scaler.load_state_dict(state["loss_scaler"])
         for k, v in state["progress"].items():
             setattr(progress, k, v)
-        set_rng_state(state["rng"])
+        restore_rng_state(state, run.device, run.cfg.seed, progress.step)
     except (KeyError, ValueError, RuntimeError) as exc:
         raise UsageError(f"{ckpt_dir}: training state does not fit this run ({type(exc).__name__}: {exc}); "
                          "resume with the same --model and --optimizer") from None

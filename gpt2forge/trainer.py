@@ -237,6 +237,8 @@ def run_training(cfg: TrainConfig) -> int:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     device = device_for(env, resolve_device(cfg.device))
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # the current device is the run's (synchronize, streams, compile)
     if device.type == "cpu":
         configure_host_allocator()
     precision = resolve_precision(cfg.precision, device)
@@ -304,8 +306,10 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     progress = Progress()
     if cfg.resume_training_from_checkpoint:
         resume(run, ckpt_dir, progress)
-    meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len),
-                      device_peak(device, precision))
+    peak = device_peak(device, precision)
+    if peak and device.type == "cuda":
+        peak *= env.world_size  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
+    meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len), peak)
     monitor = RunMonitor(cfg, model.config, total_steps)
     try:
         _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
@@ -343,7 +347,7 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
     if zero >= 2:
         if precision == "fp16":
             raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
-        shard_model(model, zero, offload)
+        shard_model(model, zero, offload, device)
         offload = False  # FSDP2 moves the shards and the update to the host itself
     shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
     optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,

@@ -67,7 +67,7 @@ def sharded(name: str, zero: int, state: dict | None = None):
         if state is not None:
             opt.load_state_dict(state[1])
     else:
-        shard_model(m, zero, offload=True)
+        shard_model(m, zero, offload=True, device=torch.device("cpu"))
         assert all(p.device.type == "cpu" and p.to_local().numel() < p.numel() for p in m.transformer.h.parameters())
         opt = build_optimizer(m, name, LR, DECAY)
         if state is not None:

@@ -1,9 +1,16 @@
 """Shared pytest set-up."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+# The suite is calibrated on the CPU (exact step lines in fp32, gloo): GPUs are hidden from it and
+# from the processes it starts. tests/test_cuda.py runs its GPU checks in child processes that get
+# the machine's own CUDA_VISIBLE_DEVICES back (HOST_CUDA_VISIBLE_DEVICES).
+HOST_CUDA_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 TINY_MODEL = {"model_type": "gpt2", "vocab_size": 96, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 2}
 

@@ -60,6 +60,17 @@ def test_two_replicas_with_zero1_equal_one_process_and_resume_in_another_layout(
     assert resumed == single[2:]
 
 
+def test_replicas_resume_with_their_own_dropout_streams(make_tiny_config, tmp_path):
+    """With dropout, a 2-replica run resumed from its checkpoint continues exactly: every rank saves
+    and restores its own random state (rank 0's for all would give both replicas the same masks)."""
+    cfg = make_tiny_config(n_positions=32, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
+    ckpt = tmp_path / "dp"
+    full = run(args(cfg, "--checkpoint-output-dir", str(ckpt), "--save-per-steps", "2"), nproc=2)
+    resumed = run(args(cfg, "--checkpoint-input-dir", str(ckpt / "step_2"), "--resume-training-from-checkpoint",
+                       "true"), nproc=2)
+    assert len(full) == 4 and resumed == full[2:]
+
+
 def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tmp_path):
     single = run(args(tiny_config, "--weight-decay", "0.1"))
     ckpt = tmp_path / "zero3"
