@@ -259,16 +259,17 @@ class Pipeline:
         load_named_state(optimizer, self.module, to_named(indexed, model_group_names(self.model)), self.aliases)
 
 
-def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], max_norm: float,
+def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], max_norm: float | None,
                    replicas: int) -> float:
-    """Clip by the global gradient norm over all stages: each stage's squared norm summed over the
-    world (replicas hold equal gradients after DDP, so the sum counts each stage `replicas` times)."""
+    """The global gradient norm over all stages, clipped to `max_norm` unless it is None: each
+    stage's squared norm summed over the world (replicas hold equal gradients after their
+    all-reduce, so the sum counts each stage `replicas` times)."""
     grads = [p.grad for p in norm_params if p.grad is not None]
     device = params[0].device
     sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
     dist.all_reduce(sq)
     total = float((sq / replicas).sqrt())
-    coef = max_norm / (total + 1e-6)
+    coef = max_norm / (total + 1e-6) if max_norm is not None else 1.0
     if coef < 1.0:
         torch._foreach_mul_([p.grad for p in params if p.grad is not None], coef)
     return total

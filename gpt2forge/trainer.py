@@ -59,6 +59,7 @@ class Run:
     fsdp: bool = False  # ZeRO-2/3: `model` is sharded with FSDP2 (collectives in every forward)
     watchdog: Watchdog | None = None  # several processes: exits with a stack dump when training stalls
     nonfinite_in_a_row: int = 0  # updates skipped for non-finite gradients since the last good one
+    grad_norm: float = 0.0  # the last update's global gradient norm (before clipping)
 
     @property
     def stage_processes(self) -> int:
@@ -104,18 +105,20 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         params = [p for p in run.model.parameters() if p.requires_grad]  # the device copies, even when offloaded
     all_reduce_sum(totals)  # the loss lives on the last stage: others add zeros
     finite = run.scaler.unscale_and_check(params)
-    norm = None  # the global gradient norm, when clipping computed it
-    if run.cfg.max_grad_norm is not None:
-        if run.pipeline is not None:
-            norm = clip_grad_norm(params, run.pipeline.norm_parameters(), run.cfg.max_grad_norm,
-                                  run.replica.world_size)
-        else:
-            total = torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
-            norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+    # The global gradient norm (before clipping): logged, and it says whether the update is finite.
+    if run.pipeline is not None:
+        norm = clip_grad_norm(params, run.pipeline.norm_parameters(), run.cfg.max_grad_norm,
+                              run.replica.world_size)
+    else:
+        grads = [p.grad for p in params if p.grad is not None]
+        total = (torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
+                 if run.cfg.max_grad_norm is not None else torch.nn.utils.get_total_norm(grads, foreach=True))
+        norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)  # FSDP2: all shards
+    run.grad_norm = norm
     if not run.scaler.enabled:  # fp32/bf16: a non-finite gradient skips the update too
-        finite = math.isfinite(norm) if norm is not None else _grads_finite(params)
-    if (run.pipeline is not None or run.fsdp) and (norm is None or run.scaler.enabled):
-        finite = all_finite(finite, run.device)  # stages / shards hold different gradients
+        finite = math.isfinite(norm)
+    elif run.pipeline is not None:
+        finite = all_finite(finite, run.device)  # fp16: each stage unscaled its own gradients
     if finite:
         run.optimizer.step()
         run.nonfinite_in_a_row = 0
@@ -125,12 +128,6 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
     return totals
-
-
-def _grads_finite(params: list[torch.nn.Parameter]) -> bool:
-    """True when every gradient (this process's shard of it) is finite; one device sync."""
-    grads = [g.to_local() if hasattr(g, "to_local") else g for p in params if (g := p.grad) is not None]
-    return bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()) if grads else True
 
 
 def _skip_update(run: Run) -> None:
@@ -397,11 +394,13 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
             if progress.step % cfg.log_steps == 0 or last:
                 log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
                          f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}, "
-                         f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%")
+                         f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%, "
+                         f"grad norm: {run.grad_norm:.4g}")
             monitor.step({"step": progress.step, "epoch": epoch, "tokens": progress.step * cfg.tokens_per_step,
-                          "loss": loss, "acc": acc, "lr": lr, "samples_per_sec": samples_s,
-                          "tokens_per_sec": tokens_s, "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib,
-                          "data_wait_pct": wait_pct})
+                          "loss": loss, "acc": acc, "lr": lr, "grad_norm": run.grad_norm,
+                          "loss_scale": run.scaler.scale, "samples_per_sec": samples_s,
+                          "tokens_per_sec": tokens_s, "tokens_per_sec_per_process": tokens_s / run.dist_env.world_size,
+                          "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct})
             eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
             if run.pipeline is not None and progress.step == 1:
                 run.pipeline.report_peak_memory(peak_gib)

@@ -36,13 +36,17 @@ def args(cfg: Path, *extra: str) -> list[str]:
             "--max-grad-norm", "1.0", "--replication-factor", "2", "--replicated-tensor-sharding", "true", *extra]
 
 
-def run(argv: list[str], nproc: int = 1) -> list[str]:
+def run(argv: list[str], nproc: int = 1, grad_norms: list[float] | None = None) -> list[str]:
+    """The step lines up to the learning rate (the timing-free part); `grad_norms` collects the
+    logged global gradient norms."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
     proc = subprocess.run([sys.executable, *launcher, *argv], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if grad_norms is not None:
+        grad_norms += [float(n) for n in re.findall(r"grad norm: (\S+)$", proc.stdout, re.M)]
     return [m.group(1) for line in proc.stdout.splitlines() if (m := STEP.match(line))]
 
 
@@ -222,15 +226,18 @@ def pipeline_args(cfg: Path, *extra: str) -> list[str]:
 
 def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_config, tmp_path):
     # One process: both stages co-located, the 2 replicas as gradient accumulation (global batch 8).
-    single = run(pipeline_args(tiny_config))
-    assert len(single) == 4
+    single_norms, pipelined_norms = [], []
+    single = run(pipeline_args(tiny_config), grad_norms=single_norms)
+    assert len(single) == 4 and len(single_norms) == 4
     # 2 stages x 2 replicas (ZeRO-1 within each stage), 1F1B, checkpoint after step 2. The losses equal one process's only if the
     # tied embedding gets the head's gradient (summed between the first and the last stage); every save
     # also checks that the last stage's head copy equals stage 0's embedding (Pipeline._check_tied_copies).
     ckpt = tmp_path / "pp"
     one_f_one_b = run(pipeline_args(tiny_config, "--pipeline-schedule", "1F1B", "--checkpoint-output-dir", str(ckpt),
-                                    "--save-per-steps", "2"), nproc=4)
+                                    "--save-per-steps", "2"), nproc=4, grad_norms=pipelined_norms)
     assert one_f_one_b == single
+    # The logged norm is the whole model's: summed over stages, the tied embedding counted once.
+    assert pipelined_norms == pytest.approx(single_norms, rel=1e-3)
     # 2 stages x 1 replica (the missing replica becomes accumulation), GPipe, resumed from that checkpoint.
     resume = ["--checkpoint-input-dir", str(ckpt / "step_2"), "--resume-training-from-checkpoint", "true"]
     assert run(pipeline_args(tiny_config, "--pipeline-schedule", "GPipe", *resume), nproc=2) == single[2:]
