@@ -280,21 +280,3 @@ def all_finite(finite: bool, device: torch.device) -> bool:
     flag = torch.tensor([0.0 if finite else 1.0], device=device)
     dist.all_reduce(flag)
     return bool(flag.item() == 0)
-
-
-def report_stage_balance(model: GPT2LMHeadModel, layout: Layout, batch: int, seq_len: int, micro_batches: int,
-                         schedule: str, bytes_per_value: int) -> None:
-    """Print parameters and the activation memory each stage holds at its peak (analytic: per block
-    about 34 values per token and channel plus 5 per head and token pair, Korthikanti et al. 2022)."""
-    cfg = model.config
-    per_block = batch * seq_len * (34 * cfg.n_embd + 5 * cfg.n_head * seq_len) * bytes_per_value / 2
-    block_params = sum(p.numel() for p in model.transformer.h[0].parameters())
-    embed = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
-    log.info(f"Stage balance ({schedule}, {micro_batches} micro-batches of {batch} x {seq_len}):")
-    for s, n in enumerate(layout.layers_per_stage):
-        params = n * block_params + (embed if s == 0 else 0)
-        if s == layout.stages - 1 and layout.stages > 1:
-            params += model.transformer.wte.weight.numel() + 2 * cfg.n_embd  # head copy + ln_f
-        in_flight = micro_batches if schedule == "GPipe" else min(micro_batches, layout.stages - s)
-        log.info(f"  stage {s}: {n} blocks, {params / 1e6:.2f}M parameters, activations "
-                 f"{n * per_block / 2**20:.1f} MiB per micro-batch x {in_flight} in flight")

@@ -125,6 +125,8 @@ class TrainConfig:
                                  "when stages run in their own processes: GPipe | 1F1B",
                                  choices=("GPipe", "1F1B"))
     executable_cache_dir: str | None = opt(None, "torch.compile cache directory (the IPU executable cache)")
+    plan: bool = opt(False, "(new) print the memory each process of the layout needs, per pipeline stage, and "
+                     "whether it fits this machine; trains nothing", "--dry-run", kind="bool")
     compile_only: bool = opt(False, "compile the training step on generated data, print the time, exit",
                              kind="bool")
 
@@ -187,7 +189,7 @@ class TrainConfig:
             problems.append("--layers-per-ipu entries must be >= 0")
         if self.dataset in ("pickle", "tfrecord", "mmap") and not self.input_files:
             problems.append(f"--dataset {self.dataset} needs --input-files PATH")
-        if self.dataset is None and not self.compile_only:
+        if self.dataset is None and not (self.compile_only or self.plan):
             problems.append("--dataset is required: generated | pickle | tfrecord | mmap (with --input-files PATH)")
         collect(problems)
 

@@ -28,10 +28,11 @@ from .layout import Layout, build_layout, report_layout, stages_of
 from .memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
 from .metrics import StepMeter, device_peak
 from .model import GPT2LMHeadModel, LMLoss
-from .modeling import build_model, maybe_sample
+from .modeling import build_model, maybe_sample, resolve_model_config
 from .observe import RunMonitor
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
-from .pipeline import Grid, Pipeline, all_finite, clip_grad_norm, report_stage_balance
+from .pipeline import Grid, Pipeline, all_finite, clip_grad_norm
+from .plan import build_plan, print_plan, run_plan
 from .runtime import PRECISION_DTYPES, LossScaler, autocast, compile_enabled, configure_host_allocator, \
     configure_matmul, maybe_compile, resolve_device, resolve_precision, synchronize
 from .train_config import TrainConfig
@@ -239,6 +240,11 @@ def run_training(cfg: TrainConfig) -> int:
     if device.type == "cpu":
         configure_host_allocator()
     precision = resolve_precision(cfg.precision, device)
+    if cfg.plan:
+        model_cfg, _ = resolve_model_config(cfg)
+        build_layout(cfg, model_cfg.n_layer)  # the layout flags must describe this model
+        zero = cfg.zero_stage if cfg.zero_stage is not None else int(cfg.replicated_tensor_sharding)
+        return run_plan(cfg, model_cfg, device, _autocast_dtype(precision), zero)
     configure_matmul(device, precision, cfg.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device)
     layout = build_layout(cfg, model.config.n_layer, env.world_size)
@@ -323,6 +329,11 @@ def _paused(run: Run):
     return run.watchdog.paused() if run.watchdog is not None else contextlib.nullcontext()
 
 
+def _autocast_dtype(precision: str) -> torch.dtype | None:
+    """The autocast dtype of a precision (None: fp32, no autocast)."""
+    return None if precision == "fp32" else PRECISION_DTYPES[precision]
+
+
 def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
                  precision: str, accumulation: int) -> tuple[Pipeline | None, DistEnv, torch.optim.Optimizer, int]:
     """Memory features, pipeline stages, ZeRO sharding and the optimizer over what this process trains.
@@ -339,8 +350,11 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
         compiled = compile_enabled(cfg.torch_compile, device, cfg.executable_cache_dir)
         pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled)
         replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
-        report_stage_balance(model, layout, cfg.batch_size, cfg.max_len, accumulation, cfg.pipeline_schedule,
-                             torch.finfo(PRECISION_DTYPES[precision]).bits // 8)
+        if env.is_main:
+            plans = build_plan(cfg, model.config, device, _autocast_dtype(precision), zero,
+                               replicas=layout.data_parallel, micro_batches=accumulation)
+            print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
+                              f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
     if zero >= 2:
         if precision == "fp16":
             raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
