@@ -13,10 +13,17 @@ Every rank builds the whole model (same seed, same weights) and keeps the blocks
 (the others move to the meta device: no memory); rank 0 (stage 0 of replica 0) keeps a whole
 model and gathers the other stages' weights into it before evaluating, sampling or saving, so
 those run unchanged on one whole model.
+
+ZeRO-2/3 inside the stages (`--zero-stage 2|3` with replicas): each stage is sharded with FSDP2
+across its replicas (every block one unit, the stage the root), the schedule runs FSDP's
+reduce-scatter once per update, and the tied-embedding sum and the gradient norm work on the local
+shards (the first and last stage shard the embedding alike). Rank 0's stage is then a copy of its
+part of the whole model, so the whole model stays plain for evaluation and saving.
 """
 
 from __future__ import annotations
 
+import copy as copy_module
 import dataclasses
 
 import torch
@@ -62,23 +69,26 @@ class StageModule(nn.Module):
     """The part of the model one stage runs; parameter names are the whole model's (blocks keep
     their indices: `transformer.h.5...`), except the last stage's head copy (`lm_head.weight`)."""
 
-    def __init__(self, model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool, compiled: bool = False):
+    def __init__(self, model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool, compiled: bool = False,
+                 copy: bool = False):
+        """`copy`: the stage gets copies of the model's modules instead of sharing them."""
         super().__init__()
         t = model.transformer
+        take = copy_module.deepcopy if copy else (lambda m: m)
         self.first, self.last = first, last
         self.transformer = nn.Module()
         if first:
-            self.transformer.wte, self.transformer.wpe, self.transformer.drop = t.wte, t.wpe, t.drop
-        self.transformer.h = nn.ModuleDict({str(i): t.h[i] for i in blocks})
+            self.transformer.wte, self.transformer.wpe, self.transformer.drop = take(t.wte), take(t.wpe), t.drop
+        self.transformer.h = nn.ModuleDict({str(i): take(t.h[i]) for i in blocks})
         # torch.compile per block, as torchtitan does for pipeline stages: the blocks share one graph,
         # and the wrappers stay outside the module tree (names, state dicts and the whole model on rank
         # 0, which evaluates eagerly, are untouched).
         self.run_blocks = [torch.compile(b) if compiled else b for b in self.transformer.h.values()]
         if last:
-            self.transformer.ln_f = t.ln_f
-            self.lm_head = nn.Linear(t.wte.weight.shape[1], t.wte.weight.shape[0], bias=False)
+            self.transformer.ln_f = take(t.ln_f)
             # The first stage's embedding itself when one stage is both, else an equal copy.
-            self.lm_head.weight = t.wte.weight if first else nn.Parameter(t.wte.weight.detach().clone())
+            self.lm_head = TiedHead(self.transformer.wte.weight if first else
+                                    nn.Parameter(t.wte.weight.detach().clone()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Stage 0: ids (B, T) -> hidden (B, T, C); later stages: hidden -> hidden (after ln_f on the last)."""
@@ -88,6 +98,18 @@ class StageModule(nn.Module):
         for block in self.run_blocks:
             x = block(x)
         return self.transformer.ln_f(x) if self.last else x
+
+
+class TiedHead(nn.Module):
+    """The last stage's LM head and loss, a module of its own so that FSDP2 can gather its weight
+    when the schedule's loss function calls it (outside the stage's forward)."""
+
+    def __init__(self, weight: nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, vocab: int, chunking) -> tuple[torch.Tensor, ...]:
+        return head_loss(hidden, self.weight, labels, vocab, chunking)
 
 
 class StageLoss:
@@ -100,7 +122,7 @@ class StageLoss:
         self.records: list[torch.Tensor] = []
 
     def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss_sum, correct, tokens = head_loss(hidden, self.module.lm_head.weight, labels, self.vocab, self.chunking)
+        loss_sum, correct, tokens = self.module.lm_head(hidden, labels, self.vocab, self.chunking)
         self.records.append(torch.stack([loss_sum.detach().float(), correct.float(), tokens.float()]))
         return loss_sum * self.scale
 
@@ -109,7 +131,8 @@ class Pipeline:
     """One stage of the pipelined model with its schedule; built on every rank of the grid."""
 
     def __init__(self, model: GPT2LMHeadModel, layout: Layout, grid: Grid, device: torch.device, schedule: str,
-                 micro_batches: int, compiled: bool = False):
+                 micro_batches: int, compiled: bool = False, zero: int = 0, offload: bool = False):
+        """zero 2|3: FSDP2 inside each stage across its replicas (`offload`: its CPU offload)."""
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.grid, self.layout, self.model = grid, layout, model
@@ -123,8 +146,12 @@ class Pipeline:
         self.stage_of_layer = layout.stage_of_layer()
         blocks = [i for i, s in enumerate(self.stage_of_layer) if s == grid.stage]
         self.dp_group = dp_groups[grid.stage]
-        self.module = StageModule(model, blocks, grid.first, grid.last, compiled).to(device)
-        if grid.rank != 0:
+        self.fsdp = zero >= 2 and R > 1
+        self.module = StageModule(model, blocks, grid.first, grid.last, compiled,
+                                  copy=self.fsdp and grid.rank == 0).to(device)
+        if self.fsdp:
+            self._shard(device, zero, offload)
+        if grid.rank != 0:  # after sharding: the whole model's head re-ties to the sharded embedding
             self._release_other_stages(blocks)
         self.loss = StageLoss(self.module, model)
         stage = PipelineStage(self.module, grid.stage, S, device, group=self.pp_group)
@@ -145,6 +172,19 @@ class Pipeline:
         for module in unused:
             module.to("meta")
         self.model.lm_head.weight = t.wte.weight  # re-tie: moving made a new parameter
+
+    def _shard(self, device: torch.device, zero: int, offload: bool) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+        kwargs = {"reshard_after_forward": zero == 3, "mesh": DeviceMesh.from_group(self.dp_group, device.type)}
+        if offload:
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        for block in self.module.transformer.h.values():
+            fully_shard(block, **kwargs)
+        if self.grid.last:
+            fully_shard(self.module.lm_head, **kwargs)
+        fully_shard(self.module, **kwargs)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
@@ -172,7 +212,7 @@ class Pipeline:
         return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
 
     def _average_replicas(self) -> None:
-        if self.grid.replicas == 1:
+        if self.grid.replicas == 1 or self.fsdp:  # FSDP2's reduce-scatter averaged them
             return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if not grads:
@@ -186,10 +226,11 @@ class Pipeline:
     def _sum_tied_gradients(self) -> None:
         if self.grid.stages == 1:
             return
+        # Under FSDP2 both copies are sharded alike across the replicas: the local shards pair up.
         if self.grid.first:
-            dist.all_reduce(self.model.transformer.wte.weight.grad, group=self.tie_group)
+            dist.all_reduce(_local(self.module.transformer.wte.weight.grad), group=self.tie_group)
         elif self.grid.last:
-            dist.all_reduce(self.module.lm_head.weight.grad, group=self.tie_group)
+            dist.all_reduce(_local(self.module.lm_head.weight.grad), group=self.tie_group)
 
     def report_peak_memory(self, peak_gib: float) -> None:
         """Print every stage's measured peak memory (of a step) on rank 0; a collective of all ranks."""
@@ -208,17 +249,21 @@ class Pipeline:
 
     def gather_weights(self) -> None:
         """Copy every stage's current weights of replica 0 into rank 0's whole model (a collective of
-        replica 0's stages; other replicas return at once)."""
-        if self.grid.replica != 0:
+        replica 0's stages, and of every replica when the stages are sharded)."""
+        if self.grid.replica != 0 and not self.fsdp:
             return
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
+                if name == HEAD_COPY:
+                    continue  # the whole model's head is its embedding
                 src = self.owner(name)
-                if src == 0 or not (self.grid.first or self.grid.stage == src):
-                    continue
                 if self.grid.stage == src:
-                    dist.send(tensor.contiguous(), dst=0)
-                elif self.grid.first:
+                    full = _full(self.module.get_parameter(name)) if self.fsdp else tensor
+                    if self.grid.replica == 0 and src != 0:
+                        dist.send(full.contiguous(), dst=0)
+                    elif self.grid.rank == 0 and self.fsdp:
+                        tensor.copy_(full)
+                elif self.grid.rank == 0:
                     buf = torch.empty_like(tensor)
                     dist.recv(buf, src=src)
                     tensor.copy_(buf)
@@ -230,8 +275,10 @@ class Pipeline:
         if self.grid.stages == 1:
             return
         if self.grid.last:
-            dist.send(self.module.lm_head.weight.detach().contiguous(), dst=0)
-        elif self.grid.first:
+            head = _full(self.module.lm_head.weight.detach())
+            if self.grid.replica == 0:
+                dist.send(head.contiguous(), dst=0)
+        elif self.grid.rank == 0:
             wte = self.model.transformer.wte.weight.detach()
             head = torch.empty_like(wte)
             dist.recv(head, src=self.grid.stages - 1)
@@ -245,9 +292,15 @@ class Pipeline:
 
         if isinstance(optimizer, ZeroRedundancyOptimizer):  # each stage's shards to its replica 0
             optimizer.consolidate_state_dict(to=0)
+        if self.fsdp:  # every replica joins the gathering of its stage's shards
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            named = get_optimizer_state_dict(self.module, optimizer, options=StateDictOptions(full_state_dict=True))
+            part = to_cpu(_renamed(named, self.aliases))
         if self.grid.replica != 0:
             return None
-        part = to_cpu(named_state(optimizer, self.module, self.aliases))
+        if not self.fsdp:
+            part = to_cpu(named_state(optimizer, self.module, self.aliases))
         parts = [None] * self.grid.stages if self.grid.first else None
         dist.gather_object(part, parts, dst=0, group=self.pp_group)
         if not self.grid.first:
@@ -256,22 +309,51 @@ class Pipeline:
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, indexed: dict) -> None:
         """Load a whole-model indexed optimizer state (any layout's checkpoint) into this stage's optimizer."""
-        load_named_state(optimizer, self.module, to_named(indexed, model_group_names(self.model)), self.aliases)
+        named = to_named(indexed, model_group_names(self.model))
+        if self.fsdp:  # every rank holds the whole state: each keeps its parameters' shards of it
+            from torch.distributed.tensor import DTensor, distribute_tensor
+
+            params = {self.aliases.get(n, n): p for n, p in self.module.named_parameters()}
+
+            def shard(value, p):
+                if not (isinstance(p, DTensor) and torch.is_tensor(value) and value.dim() > 0):
+                    return value
+                return distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+
+            named = {**named, "state": {m: {k: shard(v, params[m]) for k, v in entry.items()} if m in params else entry
+                                        for m, entry in named["state"].items()}}
+        load_named_state(optimizer, self.module, named, self.aliases)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (a collective of its mesh), else the tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _renamed(named: dict, aliases: dict[str, str]) -> dict:
+    """A named optimizer state with stage names replaced by the whole model's."""
+    return {"state": {aliases.get(n, n): v for n, v in named["state"].items()},
+            "param_groups": [{**g, "params": [aliases.get(n, n) for n in g["params"]]} for g in named["param_groups"]]}
 
 
 def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], max_norm: float | None,
                    replicas: int) -> float:
     """The global gradient norm over all stages, clipped to `max_norm` unless it is None: each
     stage's squared norm summed over the world (replicas hold equal gradients after their
-    all-reduce, so the sum counts each stage `replicas` times)."""
-    grads = [p.grad for p in norm_params if p.grad is not None]
-    device = params[0].device
+    all-reduce, so the sum counts each stage `replicas` times; pass 1 when FSDP2 shards them)."""
+    grads = [_local(p.grad) for p in norm_params if p.grad is not None]
+    device = _local(params[0]).device
     sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
     dist.all_reduce(sq)
     total = float((sq / replicas).sqrt())
     coef = max_norm / (total + 1e-6) if max_norm is not None else 1.0
     if coef < 1.0:
-        torch._foreach_mul_([p.grad for p in params if p.grad is not None], coef)
+        torch._foreach_mul_([_local(p.grad) for p in params if p.grad is not None], coef)
     return total
 
 

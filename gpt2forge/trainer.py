@@ -109,7 +109,7 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     # The global gradient norm (before clipping): logged, and it says whether the update is finite.
     if run.pipeline is not None:
         norm = clip_grad_norm(params, run.pipeline.norm_parameters(), run.cfg.max_grad_norm,
-                              run.replica.world_size)
+                              1 if run.pipeline.fsdp else run.replica.world_size)
     else:
         grads = [p.grad for p in params if p.grad is not None]
         total = (torch.nn.utils.clip_grad_norm_(params, run.cfg.max_grad_norm, foreach=True)
@@ -295,7 +295,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
     run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation,
               dist_env=env, replica=replica, ddp=ddp if ddp is not model else None, pipeline=pipeline,
-              fsdp=zero >= 2)
+              fsdp=zero >= 2 and pipeline is None)
     if env.enabled:
         where = f"rank {env.rank}" + (f" (pipeline stage {pipeline.grid.stage})" if pipeline is not None else "")
         run.watchdog = Watchdog(where)
@@ -342,22 +342,23 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
     zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
     shard = zero == 1
     pipeline, replica = None, env
+    if zero >= 2 and precision == "fp16":
+        raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
     if layout.pipelined:
-        if zero >= 2:
-            raise UsageError(f"--zero-stage {zero} with pipeline stages in their own processes is not supported; "
-                             "use --zero-stage 1 (--replicated-tensor-sharding) or launch fewer processes than stages")
         grid = Grid(layout.stages, layout.data_parallel, env.rank)
         compiled = compile_enabled(cfg.torch_compile, device, cfg.executable_cache_dir)
-        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled)
+        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled, zero, offload)
+        if pipeline.fsdp:
+            offload = False  # FSDP2 moves the shards and the update to the host itself
+        elif zero >= 2:
+            log.notice(f"--zero-stage {zero}: one replica per pipeline stage, nothing to shard")
         replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
         if env.is_main:
             plans = build_plan(cfg, model.config, device, _autocast_dtype(precision), zero,
                                replicas=layout.data_parallel, micro_batches=accumulation)
             print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
                               f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
-    if zero >= 2:
-        if precision == "fp16":
-            raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
+    if zero >= 2 and pipeline is None:
         shard_model(model, zero, offload, device)
         offload = False  # FSDP2 moves the shards and the update to the host itself
     shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage

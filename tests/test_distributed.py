@@ -243,6 +243,13 @@ def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_c
     assert run(pipeline_args(tiny_config, "--pipeline-schedule", "GPipe", *resume), nproc=2) == single[2:]
     # And in one process.
     assert run(pipeline_args(tiny_config, *resume)) == single[2:]
+    # ZeRO-3 inside the stages (FSDP2 across each stage's 2 replicas), then resumed under ZeRO-2 and GPipe.
+    zero = tmp_path / "pp_zero3"
+    assert run(pipeline_args(tiny_config, "--zero-stage", "3", "--checkpoint-output-dir", str(zero),
+                             "--save-per-steps", "2"), nproc=4) == single
+    resume = ["--checkpoint-input-dir", str(zero / "step_2"), "--resume-training-from-checkpoint", "true"]
+    assert run(pipeline_args(tiny_config, "--zero-stage", "2", "--pipeline-schedule", "GPipe", *resume),
+               nproc=4) == single[2:]
     # Stages compiled (torch.compile per block): the same losses up to compiled rounding.
     compiled = run(pipeline_args(tiny_config, "--torch-compile", "true"), nproc=2)
     assert [loss_of(line) for line in compiled] == pytest.approx([loss_of(line) for line in single], abs=2e-3)
