@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Callable
 
@@ -19,6 +20,12 @@ class RunError(RuntimeError):
     """A run that cannot go on (it diverged, say): one line saying why and what to do, exit code 1."""
 
 
+def _where() -> str:
+    """`rank R: ` on the ranks other than 0 of a torchrun job, so every error line names its rank."""
+    rank = os.environ.get("RANK", "0")
+    return f"rank {rank}: " if os.environ.get("WORLD_SIZE", "1") != "1" and rank != "0" else ""
+
+
 def collect(errors: list[str]) -> None:
     """Raise one UsageError for all collected problems (joined with '; '), if any."""
     if errors:
@@ -33,10 +40,10 @@ def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
         try:
             code = fn(*args, **kwargs)
         except UsageError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {_where()}{exc}", file=sys.stderr)
             return 2
         except RunError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {_where()}{exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)

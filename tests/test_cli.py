@@ -128,3 +128,21 @@ def test_model_config_flag_takes_any_hf_config(tmp_path):
     path.write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(UsageError, match="not 'gpt2'"):
         ModelConfig.from_json(path)
+
+
+@pytest.mark.parametrize("env,prefix", [({}, "error: bad"), ({"RANK": "0", "WORLD_SIZE": "4"}, "error: bad"),
+                                        ({"RANK": "3", "WORLD_SIZE": "4"}, "error: rank 3: bad")])
+def test_error_lines_name_the_rank_other_than_0(env, prefix, monkeypatch, capsys):
+    from gpt2forge.errors import RunError, UsageError, cli_main
+
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def fails(exc):
+        raise exc
+
+    assert cli_main(fails)(UsageError("bad input")) == 2
+    assert cli_main(fails)(RunError("bad run")) == 1
+    assert capsys.readouterr().err.splitlines() == [prefix + " input", prefix + " run"]
