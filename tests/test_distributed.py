@@ -255,6 +255,26 @@ def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_c
     assert [loss_of(line) for line in compiled] == pytest.approx([loss_of(line) for line in single], abs=2e-3)
 
 
+def test_four_stages_by_two_replicas_resume_in_one_process_and_in_two_stages(tiny_config, tmp_path):
+    """The issue's layout test: 8 processes (4 stages, two of them without blocks, x 2 replicas with
+    ZeRO-1) equal one process, and their checkpoint continues the same optimization in one process
+    (no stages) and in 2 stages."""
+    def layout(*extra: str) -> list[str]:
+        argv = pipeline_args(tiny_config, *extra)
+        argv[argv.index("--gradient-accumulation") + 1] = "4"
+        return argv
+
+    four = ["--layers-per-ipu", "0", "1", "1", "0", "--ipus-per-replica", "4"]
+    single = run(layout(*four))
+    ckpt = tmp_path / "pp42"
+    assert run(layout(*four, "--checkpoint-output-dir", str(ckpt), "--save-per-steps", "2"), nproc=8) == single
+    resume = ["--checkpoint-input-dir", str(ckpt / "step_2"), "--resume-training-from-checkpoint", "true"]
+    plain = layout(*resume)
+    del plain[plain.index("--layers-per-ipu"):plain.index("--layers-per-ipu") + 5]  # pipeline_args' 2 stages
+    assert run(plain) == single[2:]
+    assert run(layout(*resume), nproc=2) == single[2:]
+
+
 def loss_of(step_line: str) -> float:
     return float(step_line.split("loss: ")[1].split(",")[0])
 
