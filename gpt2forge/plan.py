@@ -17,6 +17,8 @@ Per process (bytes, P = the stage's parameters, R = replicas of the stage):
   (GPipe: all of them; 1F1B: stages - stage);
 - LM head and loss (last stage): the fp32 logits buffers — the whole (B T, V) logits, their
   log-softmax and gradient for `--lm-loss plain`, one row chunk and its gradient for the fused loss.
+In a pipeline, rank 0 also keeps the whole model's fp32 weights (validation, sampling, saving):
+printed on its own line and counted in the verdict.
 Not counted: transient buffers (a backward's activation gradients, optimizer temporaries), the
 allocator's fragmentation and cache, the process itself (libraries, CUDA context: about 0.5-1 GiB).
 """
@@ -168,13 +170,18 @@ def run_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dty
                       f"{cfg.batch_size} x {cfg.max_len}, {cfg.gradient_accumulation} micro-batches per update, "
                       f"ZeRO {zero}, activations measured on {device.type}")
     need = max(p.device_total for p in plans)
+    if S > 1:  # pipelined: rank 0 also keeps the whole model (fp32 weights) for validation, sampling, saving
+        whole = 4 * sum(stage_params(model_cfg, (model_cfg.n_layer,)))
+        log.info(f"Rank 0 (stage 0 of replica 0) also keeps the whole model's weights for validation, sampling "
+                 f"and checkpoints: +{whole / GiB:.2f} GiB, {(plans[0].device_total + whole) / GiB:.2f} GiB in all")
+        need = max(need, plans[0].device_total + whole)
     have, what = device_capacity(device)
     if device.type == "cuda":
         verdict = "fits" if need < 0.9 * have else "does not fit"
         log.info(f"Largest process: {need / GiB:.2f} GiB of {what}: {verdict} (with ~10% for the CUDA context "
                  "and allocator)")
     else:
-        total = sum(p.device_total + p.host for p in plans) * R
+        total = sum(p.device_total + p.host for p in plans) * R + (need - plans[0].device_total if S > 1 else 0)
         verdict = "fits" if total < have else "does not fit"
         log.info(f"All {S * R} process(es) on this host: {total / GiB:.2f} GiB of {what}: {verdict}")
     if verdict == "does not fit":

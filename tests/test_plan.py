@@ -80,4 +80,6 @@ def test_plan_flag_prints_the_table_and_trains_nothing(capsys):
     rows = [line.split() for line in out.splitlines() if re.match(r"^\s+\d+\s+\d+\s+\d+M", line)]
     assert [int(r[0]) for r in rows] == [0, 1, 2, 3] and [int(r[1]) for r in rows] == [0, 4, 4, 4]
     assert re.search(r"All 8 process\(es\) on this host: [\d.]+ GiB of host memory .*: (fits|does not fit)", out)
+    whole = 4 * 124_475_904 / 2**30  # the whole gpt2 (padded vocabulary) in fp32, kept by rank 0 of a pipeline
+    assert f"+{whole:.2f} GiB" in out
     assert "step 0" not in out
