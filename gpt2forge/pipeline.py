@@ -11,8 +11,9 @@ equal. Gradients are exactly those of one process running the whole model.
 
 Every rank builds the whole model (same seed, same weights) and keeps the blocks of its stage
 (the others move to the meta device: no memory); rank 0 (stage 0 of replica 0) keeps a whole
-model and gathers the other stages' weights into it before evaluating, sampling or saving, so
-those run unchanged on one whole model.
+model and gathers the other stages' weights into it before sampling, zero-shot evaluation or
+saving, so those run unchanged on one whole model. Validation runs through the pipeline itself
+(the schedule's forward-only pass).
 
 ZeRO-2/3 inside the stages (`--zero-stage 2|3` with replicas): each stage is sharded with FSDP2
 across its replicas (every block one unit, the stage the root), the schedule runs FSDP's
@@ -208,6 +209,20 @@ class Pipeline:
         self._average_replicas()
         self._sum_tied_gradients()
         # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
+        real = self.loss.records[-self.micro_batches:]
+        return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward only, through the pipeline, of micro-batches * B rows; returns (3,) loss sum,
+        correct, tokens (non-zero on the last stage only)."""
+        self.loss.scale = 1.0
+        self.loss.records = []
+        if self.grid.first:
+            self.schedule.eval(x)
+        elif self.grid.last:
+            self.schedule.eval(target=y)
+        else:
+            self.schedule.eval()
         real = self.loss.records[-self.micro_batches:]
         return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
 

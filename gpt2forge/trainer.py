@@ -145,14 +145,9 @@ def _skip_update(run: Run) -> None:
 
 
 @torch.no_grad()
-def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int] | None:
-    """Mean token loss, perplexity and token count over a dataset (dropout off). Pipelined runs
-    evaluate on rank 0 alone with the whole model (None elsewhere)."""
-    if run.pipeline is not None:
-        run.pipeline.gather_weights()
-        result = _evaluate(run, dataset, DistEnv()) if run.dist_env.is_main else None
-        wait_for_rank0()
-        return result
+def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
+    """Mean token loss, perplexity and token count over a dataset (dropout off), every replica
+    scoring its share. Pipelined runs evaluate through the pipeline (forward only)."""
     # Sharded parameters are gathered in every forward: all ranks score the whole set in step.
     return _evaluate(run, dataset, DistEnv() if run.fsdp else run.replica)
 
@@ -164,14 +159,24 @@ def _evaluate(run: Run, dataset: Dataset, env: DistEnv) -> tuple[float, float, i
         dataset.rank, dataset.world_size = env.rank, env.world_size
     elif env.enabled:  # each replica scores its share
         dataset = torch.utils.data.Subset(dataset, range(env.rank, len(dataset), env.world_size))
-    loader = DataLoader(dataset, batch_size=run.cfg.batch_size, collate_fn=collate)
-    for batch in loader:
+    pipe = run.pipeline
+    rows = run.cfg.batch_size * (pipe.micro_batches if pipe is not None else 1)
+    if pipe is not None:
+        pipe.module.eval()
+    for batch in DataLoader(dataset, batch_size=rows, collate_fn=collate):
         x, y = split_batch(batch.to(run.device))
         with autocast(run.device, run.precision):
-            out = run.model(x, y)  # eager: a compiled no-grad graph would cost a second compilation
-        totals += _totals(out)
+            if pipe is not None:  # the schedule takes exactly its micro-batches: pad with unscored rows
+                short = rows - x.shape[0]
+                x = torch.cat([x, x.new_zeros(short, x.shape[1])])
+                y = torch.cat([y, y.new_full((short, y.shape[1]), IGNORE_INDEX)])
+                totals += pipe.evaluate(x, y)
+            else:
+                totals += _totals(run.model(x, y))  # eager: a compiled no-grad graph would cost a second compile
     run.model.train()
-    if env.enabled:
+    if pipe is not None:
+        pipe.module.train()
+    if env.enabled or pipe is not None:  # replicas' shares; a pipeline's loss lives on its last stage
         all_reduce_sum(totals)
     loss = float(totals[0] / totals[2].clamp(min=1))
     return loss, math.exp(min(loss, 50.0)), int(totals[2])
@@ -420,8 +425,8 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
             if run.pipeline is not None and progress.step == 1:
                 run.pipeline.report_peak_memory(peak_gib)
             with _paused(run):
-                if data.val is not None and eval_now and (result := evaluate(run, data.val)) is not None:
-                    last_val = result
+                if data.val is not None and eval_now:
+                    last_val = evaluate(run, data.val)
                     log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
                              f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
                     monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,

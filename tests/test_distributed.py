@@ -4,6 +4,7 @@ launcher scripts, and layout errors before any process group work."""
 
 import contextlib
 import os
+import pickle
 import re
 import signal
 import socket
@@ -273,6 +274,24 @@ def test_four_stages_by_two_replicas_resume_in_one_process_and_in_two_stages(tin
     del plain[plain.index("--layers-per-ipu"):plain.index("--layers-per-ipu") + 5]  # pipeline_args' 2 stages
     assert run(plain) == single[2:]
     assert run(layout(*resume), nproc=2) == single[2:]
+
+
+def test_pipelined_validation_runs_through_the_pipeline_and_equals_one_process(tiny_config, tmp_path):
+    """Validation of a 2-stage x 2-replica run goes through the schedule's forward-only pass (7
+    held-out windows: the replicas' last micro-batches are padded with unscored rows)."""
+    docs = tmp_path / "docs.pkl"
+    docs.write_bytes(pickle.dumps([[(i * 7 + j) % 96 for j in range(40 + i)] for i in range(60)]))
+    argv = pipeline_args(tiny_config, "--dataset", "pickle", "--input-files", str(docs), "--val-num", "7",
+                         "--stride", "16", "--eval-every-steps", "2")
+    out = []
+    for nproc in (1, 4):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
+        proc = subprocess.run([sys.executable, *launcher, *argv], cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out.append([line for line in proc.stdout.splitlines() if line.startswith("validation after step")])
+    assert len(out[0]) == 2 and out[1] == out[0]
 
 
 def loss_of(step_line: str) -> float:
