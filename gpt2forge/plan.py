@@ -142,6 +142,40 @@ def build_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, d
     return plans
 
 
+def stage_flops(cfg: ModelConfig, layers: tuple[int, ...], seq_len: int) -> list[float]:
+    """Training FLOPs per token of each stage: its blocks (matmuls and attention) and, on the
+    last stage, the LM head (2 V C forward, 3x with backward), which weighs as much as several blocks."""
+    C, F = cfg.n_embd, cfg.inner_dim
+    block = 6 * (4 * C * C + 2 * C * F) + 12 * C * seq_len
+    head = 6 * cfg.vocab_size * C
+    flops = [n * block for n in layers]
+    flops[-1] += head
+    return flops
+
+
+def balanced_layers(cfg: ModelConfig, stages: int, seq_len: int) -> tuple[int, ...]:
+    """The `--layers-per-ipu` split (blocks per stage, in order) whose slowest stage has the least
+    compute, the LM head counted on the last stage."""
+    L = cfg.n_layer
+    best: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
+
+    def solve(first_block: int, stage: int) -> tuple[float, tuple[int, ...]]:
+        """(max stage FLOPs, split) for blocks first_block.. over stages stage.."""
+        if (first_block, stage) in best:
+            return best[(first_block, stage)]
+        left = L - first_block
+        if stage == stages - 1:
+            result = (stage_flops(cfg, (0,) * stage + (left,), seq_len)[-1], (left,))
+        else:
+            result = min(((max(stage_flops(cfg, (n, 0), seq_len)[0], rest[0]), (n,) + rest[1])
+                          for n in range(left + 1) for rest in [solve(first_block + n, stage + 1)]),
+                         key=lambda r: r[0])
+        best[(first_block, stage)] = result
+        return result
+
+    return solve(0, 0)[1]
+
+
 def device_capacity(device: torch.device) -> tuple[float, str]:
     """(bytes, description) of what one process may use: the GPU's memory, or the host's available memory."""
     if device.type == "cuda":
@@ -170,7 +204,16 @@ def run_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dty
                       f"{cfg.batch_size} x {cfg.max_len}, {cfg.gradient_accumulation} micro-batches per update, "
                       f"ZeRO {zero}, activations measured on {device.type}")
     need = max(p.device_total for p in plans)
-    if S > 1:  # pipelined: rank 0 also keeps the whole model (fp32 weights) for validation, sampling, saving
+    if S > 1:
+        layers = tuple(p.blocks for p in plans)
+        flops = stage_flops(model_cfg, layers, cfg.max_len)
+        log.info("Compute per stage (share of the step): " + ", ".join(
+            f"stage {s} {100 * f / sum(flops):.0f}%" for s, f in enumerate(flops)))
+        balanced = balanced_layers(model_cfg, S, cfg.max_len)
+        if balanced != layers:
+            even = stage_flops(model_cfg, balanced, cfg.max_len)
+            log.info(f"Balanced compute: --layers-per-ipu {' '.join(map(str, balanced))} (slowest stage "
+                     f"{100 * max(even) / sum(even):.0f}% of the step instead of {100 * max(flops) / sum(flops):.0f}%)")  # pipelined: rank 0 also keeps the whole model (fp32 weights) for validation, sampling, saving
         whole = 4 * sum(stage_params(model_cfg, (model_cfg.n_layer,)))
         log.info(f"Rank 0 (stage 0 of replica 0) also keeps the whole model's weights for validation, sampling "
                  f"and checkpoints: +{whole / GiB:.2f} GiB, {(plans[0].device_total + whole) / GiB:.2f} GiB in all")

@@ -83,3 +83,26 @@ def test_plan_flag_prints_the_table_and_trains_nothing(capsys):
     whole = 4 * 124_475_904 / 2**30  # the whole gpt2 (padded vocabulary) in fp32, kept by rank 0 of a pipeline
     assert f"+{whole:.2f} GiB" in out
     assert "step 0" not in out
+
+
+def test_balanced_split_minimizes_the_slowest_stage():
+    from itertools import product
+
+    from gpt2forge.plan import balanced_layers, stage_flops
+
+    # GPT-2 small: the LM head (6 V C per token) weighs about 4.4 blocks, so the reference's
+    # `0 4 4 4` (its IPU layout, which ran the head on stage 0) leaves the last stage twice as slow.
+    assert balanced_layers(SMALL, 4, 1024) == (4, 4, 4, 0)
+    cfg = ModelConfig(vocab_size=5000, n_positions=128, n_embd=64, n_layer=7, n_head=4)
+    splits = [s for s in product(range(8), repeat=3) if sum(s) == 7]
+    best = min(max(stage_flops(cfg, s, 128)) for s in splits)
+    got = balanced_layers(cfg, 3, 128)
+    assert sum(got) == 7 and max(stage_flops(cfg, got, 128)) == best
+
+
+def test_plan_suggests_the_balanced_split(capsys):
+    assert train_main(["--plan", "--model", "gpt2", "--max-len", "1024", "--layers-per-ipu", "0", "4", "4", "4",
+                       "--ipus-per-replica", "4", "--gradient-accumulation", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Compute per stage (share of the step): stage 0 0%, stage 1 24%, stage 2 24%, stage 3 51%" in out
+    assert "Balanced compute: --layers-per-ipu 4 4 4 0 (slowest stage 27% of the step instead of 51%)" in out
