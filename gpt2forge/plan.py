@@ -176,6 +176,18 @@ def balanced_layers(cfg: ModelConfig, stages: int, seq_len: int) -> tuple[int, .
     return solve(0, 0)[1]
 
 
+def print_compute_balance(cfg: ModelConfig, layers: tuple[int, ...], seq_len: int) -> None:
+    """Each stage's share of the compute, and the split that balances it when this one does not."""
+    flops = stage_flops(cfg, layers, seq_len)
+    log.info("Compute per stage (share of the step): " + ", ".join(
+        f"stage {s} {100 * f / sum(flops):.0f}%" for s, f in enumerate(flops)))
+    balanced = balanced_layers(cfg, len(layers), seq_len)
+    if balanced != layers:
+        even = stage_flops(cfg, balanced, seq_len)
+        log.info(f"Balanced compute: --layers-per-ipu {' '.join(map(str, balanced))} (slowest stage "
+                 f"{100 * max(even) / sum(even):.0f}% of the step instead of {100 * max(flops) / sum(flops):.0f}%)")
+
+
 def device_capacity(device: torch.device) -> tuple[float, str]:
     """(bytes, description) of what one process may use: the GPU's memory, or the host's available memory."""
     if device.type == "cuda":
@@ -205,15 +217,7 @@ def run_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dty
                       f"ZeRO {zero}, activations measured on {device.type}")
     need = max(p.device_total for p in plans)
     if S > 1:
-        layers = tuple(p.blocks for p in plans)
-        flops = stage_flops(model_cfg, layers, cfg.max_len)
-        log.info("Compute per stage (share of the step): " + ", ".join(
-            f"stage {s} {100 * f / sum(flops):.0f}%" for s, f in enumerate(flops)))
-        balanced = balanced_layers(model_cfg, S, cfg.max_len)
-        if balanced != layers:
-            even = stage_flops(model_cfg, balanced, cfg.max_len)
-            log.info(f"Balanced compute: --layers-per-ipu {' '.join(map(str, balanced))} (slowest stage "
-                     f"{100 * max(even) / sum(even):.0f}% of the step instead of {100 * max(flops) / sum(flops):.0f}%)")  # pipelined: rank 0 also keeps the whole model (fp32 weights) for validation, sampling, saving
+        print_compute_balance(model_cfg, tuple(p.blocks for p in plans), cfg.max_len)  # pipelined: rank 0 also keeps the whole model (fp32 weights) for validation, sampling, saving
         whole = 4 * sum(stage_params(model_cfg, (model_cfg.n_layer,)))
         log.info(f"Rank 0 (stage 0 of replica 0) also keeps the whole model's weights for validation, sampling "
                  f"and checkpoints: +{whole / GiB:.2f} GiB, {(plans[0].device_total + whole) / GiB:.2f} GiB in all")

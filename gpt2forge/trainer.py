@@ -32,7 +32,7 @@ from .modeling import build_model, maybe_sample, resolve_model_config
 from .observe import RunMonitor
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
 from .pipeline import Grid, Pipeline, all_finite, clip_grad_norm
-from .plan import build_plan, print_plan, run_plan
+from .plan import build_plan, print_compute_balance, print_plan, run_plan
 from .runtime import PRECISION_DTYPES, LossScaler, autocast, compile_enabled, configure_host_allocator, \
     configure_matmul, maybe_compile, resolve_device, resolve_precision, synchronize
 from .train_config import TrainConfig
@@ -363,6 +363,7 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
                                replicas=layout.data_parallel, micro_batches=accumulation)
             print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
                               f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
+            print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)
     if zero >= 2 and pipeline is None:
         shard_model(model, zero, offload, device)
         offload = False  # FSDP2 moves the shards and the update to the host itself
