@@ -136,22 +136,34 @@ def resolve_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool,
     return stage
 
 
-def shard_model(model: torch.nn.Module, stage: int, offload: bool, device: torch.device) -> None:
-    """FSDP2 (ZeRO-2/3): every block one unit, the root holding the embeddings, ln_f and the tied head.
-    Stage 2 keeps the gathered parameters from forward to backward (gradients and optimizer state
-    sharded); stage 3 re-shards them after forward (parameters sharded too). `offload` keeps the
-    shards, their gradients and the optimizer update in host memory (ZeRO-offload)."""
+def fsdp_options(mesh, stage: int, offload: bool, param_dtype: torch.dtype | None) -> dict:
+    """fully_shard's arguments for ZeRO `stage` 2|3. Stage 2 keeps the gathered parameters from
+    forward to backward (gradients and optimizer state sharded); stage 3 re-shards them after
+    forward (parameters sharded too). `offload` keeps the shards, their gradients and the optimizer
+    update in host memory (ZeRO-offload). `param_dtype` (bf16/fp16 runs) gathers and computes with
+    half-precision copies of the fp32 shards and reduces gradients in fp32, as torchtitan does."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    options = {"reshard_after_forward": stage == 3, "mesh": mesh}
+    if offload:  # pinned host memory where there is a GPU to copy to
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    if param_dtype is not None:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    return options
+
+
+def shard_model(model: torch.nn.Module, stage: int, offload: bool, device: torch.device,
+                param_dtype: torch.dtype | None = None) -> None:
+    """FSDP2 (ZeRO-2/3, see `fsdp_options`): every block one unit, the root holding the embeddings,
+    ln_f and the tied head."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
     # The mesh names the device: left out, FSDP2 takes the host's accelerator even for a CPU run.
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    kwargs = {"reshard_after_forward": stage == 3, "mesh": mesh}
-    if offload:  # pinned host memory where there is a GPU to copy to
-        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    options = fsdp_options(init_device_mesh(device.type, (dist.get_world_size(),)), stage, offload, param_dtype)
     for block in model.transformer.h:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
 
 
 def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:

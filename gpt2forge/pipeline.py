@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import log
+from .distributed import fsdp_options
 from .layout import Layout
 from .model import GPT2LMHeadModel, head_loss
 from .optim_state import load_named_state, merge_named, model_group_names, named_state, to_cpu, to_indexed, to_named
@@ -132,8 +133,10 @@ class Pipeline:
     """One stage of the pipelined model with its schedule; built on every rank of the grid."""
 
     def __init__(self, model: GPT2LMHeadModel, layout: Layout, grid: Grid, device: torch.device, schedule: str,
-                 micro_batches: int, compiled: bool = False, zero: int = 0, offload: bool = False):
-        """zero 2|3: FSDP2 inside each stage across its replicas (`offload`: its CPU offload)."""
+                 micro_batches: int, compiled: bool = False, zero: int = 0, offload: bool = False,
+                 param_dtype: torch.dtype | None = None):
+        """zero 2|3: FSDP2 inside each stage across its replicas (`offload`, `param_dtype`: see
+        distributed.fsdp_options)."""
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.grid, self.layout, self.model = grid, layout, model
@@ -151,7 +154,7 @@ class Pipeline:
         self.module = StageModule(model, blocks, grid.first, grid.last, compiled,
                                   copy=self.fsdp and grid.rank == 0).to(device)
         if self.fsdp:
-            self._shard(device, zero, offload)
+            self._shard(device, zero, offload, param_dtype)
         if grid.rank != 0:  # after sharding: the whole model's head re-ties to the sharded embedding
             self._release_other_stages(blocks)
         self.loss = StageLoss(self.module, model)
@@ -174,18 +177,16 @@ class Pipeline:
             module.to("meta")
         self.model.lm_head.weight = t.wte.weight  # re-tie: moving made a new parameter
 
-    def _shard(self, device: torch.device, zero: int, offload: bool) -> None:
+    def _shard(self, device: torch.device, zero: int, offload: bool, param_dtype: torch.dtype | None) -> None:
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
-        kwargs = {"reshard_after_forward": zero == 3, "mesh": DeviceMesh.from_group(self.dp_group, device.type)}
-        if offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+        options = fsdp_options(DeviceMesh.from_group(self.dp_group, device.type), zero, offload, param_dtype)
         for block in self.module.transformer.h.values():
-            fully_shard(block, **kwargs)
+            fully_shard(block, **options)
         if self.grid.last:
-            fully_shard(self.module.lm_head, **kwargs)
-        fully_shard(self.module, **kwargs)
+            fully_shard(self.module.lm_head, **options)
+        fully_shard(self.module, **options)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

@@ -352,7 +352,8 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
     if layout.pipelined:
         grid = Grid(layout.stages, layout.data_parallel, env.rank)
         compiled = compile_enabled(cfg.torch_compile, device, cfg.executable_cache_dir)
-        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled, zero, offload)
+        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled, zero, offload,
+                            _autocast_dtype(precision))
         if pipeline.fsdp:
             offload = False  # FSDP2 moves the shards and the update to the host itself
         elif zero >= 2:
@@ -365,7 +366,7 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
                               f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
             print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)
     if zero >= 2 and pipeline is None:
-        shard_model(model, zero, offload, device)
+        shard_model(model, zero, offload, device, _autocast_dtype(precision))
         offload = False  # FSDP2 moves the shards and the update to the host itself
     shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
     optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,

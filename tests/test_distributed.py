@@ -85,6 +85,11 @@ def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tm
     resume = ["--checkpoint-input-dir", str(ckpt / "step_2"), "--resume-training-from-checkpoint", "true"]
     assert run(args(tiny_config, "--weight-decay", "0.1", "--zero-stage", "2", *resume), nproc=2) == single[2:]
     assert run(args(tiny_config, "--weight-decay", "0.1", *resume)) == single[2:]
+    # bf16: FSDP2 gathers bf16 copies of the shards and reduces gradients in fp32 (MixedPrecisionPolicy).
+    bf16 = ["--weight-decay", "0.1", "--precision", "bf16"]
+    expected = [loss_of(line) for line in run(args(tiny_config, *bf16))]
+    got = [loss_of(line) for line in run(args(tiny_config, *bf16, "--zero-stage", "3"), nproc=2)]
+    assert got == pytest.approx(expected, abs=2e-3)
 
 
 @pytest.mark.parametrize("optimizer,zero", [("AdamW", "1"), ("LAMB", "1"), ("AdamW", "3")])
