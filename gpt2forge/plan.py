@@ -6,7 +6,8 @@ device; pipelined runs print the same table at start-up (stage balance).
 
 Per process (bytes, P = the stage's parameters, R = replicas of the stage):
 - weights: fp32 master copies, 4 P (ZeRO-3: 4 P / R plus two gathered blocks; ZeRO-2 keeps the
-  gathered parameters from forward to backward, so 4 P / R + 4 P);
+  gathered parameters from forward to backward, so 4 P / R + P gathered; gathered copies are
+  bf16/fp16 in such runs, 2 bytes a value);
 - gradients: fp32, 4 P (ZeRO-2/3: / R);
 - optimizer: two fp32 moments, 8 P (ZeRO-1/2/3: / R); with `--optimizer-state-offchip` they and an
   fp32 copy of the parameters (12 P) sit in host memory instead;
@@ -112,7 +113,8 @@ def build_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, d
     B, T, C, V = cfg.batch_size, cfg.max_len, model_cfg.n_embd, model_cfg.padded_vocab_size
     act = activation_bytes if activation_bytes is not None else \
         block_activation_bytes(model_cfg, B, T, device, dtype)
-    value = 2 if dtype is not None else 4
+    gathered = 2 if dtype is not None else 4  # FSDP2 gathers half-precision copies in bf16/fp16 runs
+    residual = B * T * C * 4  # the residual stream (a block's input) stays fp32 under autocast
     recompute = cfg.recompute_checkpoint_every_layer or bool(cfg.recompute_checkpoint_layers)
     offload = bool(cfg.optimizer_state_offchip)
     block_params = stage_params(model_cfg, (1,))[0] - stage_params(model_cfg, (0,))[0]
@@ -120,16 +122,16 @@ def build_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, d
     for s, (n, P) in enumerate(zip(layers, stage_params(model_cfg, layers))):
         weights = 4 * P
         if zero == 3:
-            weights = 4 * P / R + 2 * 4 * block_params
+            weights = 4 * P / R + 2 * gathered * block_params
         elif zero == 2:
-            weights = 4 * P / R + 4 * P
+            weights = 4 * P / R + gathered * P
         grads = 4 * P / (R if zero >= 2 else 1)
         moments = 8 * P / (R if zero >= 1 else 1)
         host = (moments + 4 * P / (R if zero >= 1 else 1)) if offload else 0.0
         in_flight = 1 if S == 1 else (M if cfg.pipeline_schedule == "GPipe" else min(M, S - s))
-        per_micro = n * (B * T * C * value if recompute else act)
+        per_micro = n * (residual if recompute else act)
         if s == 0:
-            per_micro += 2 * B * T * C * value  # embedding sum and its dropout
+            per_micro += 2 * residual  # embedding sum and its dropout
         activations = in_flight * per_micro + (act if recompute and n else 0)
         head = 0.0
         if s == S - 1:
