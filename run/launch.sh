@@ -3,9 +3,11 @@
 # One node (default): torchrun --standalone --nproc_per_node $NPROC_PER_NODE (default 1; one process
 # per GPU, e.g. NPROC_PER_NODE=4 for --replication-factor 4). Replicas without a process become
 # gradient accumulation, so every command runs on any number of processes with the same global batch.
-# Several nodes: set NNODES and MASTER_ADDR (and MASTER_PORT, default 29500) on every node; the rendezvous
-# is torchrun's c10d backend at MASTER_ADDR:MASTER_PORT, which numbers the nodes itself (no node rank to set;
-# a NODE_RANK in the environment is ignored). Every node runs the same command; nodes may join in any order.
+# Several nodes: set NNODES and MASTER_ADDR (and MASTER_PORT, default 29500) on every node, and NODE_RANK
+# (0..NNODES-1) where the scheduler gives one: the nodes then meet at MASTER_ADDR:MASTER_PORT in that
+# order (torchrun's static rendezvous), so rank 0, which logs and writes checkpoints, runs on node 0.
+# Without NODE_RANK the rendezvous is torchrun's c10d backend, which numbers the nodes itself (rank 0
+# lands on any node). Either way every node runs the same command and nodes may start in any order.
 # MAX_RESTARTS=N lets torchrun restart the workers up to N times after a failure; with --auto-resume
 # and --checkpoint-output-dir they continue from the latest checkpoint.
 # PYTHON overrides the interpreter (default: .venv/bin/python, else python3).
@@ -16,8 +18,13 @@ launch() {
     local rdzv=(--standalone)
     if [ "$nnodes" -gt 1 ]; then
         : "${MASTER_ADDR:?set MASTER_ADDR to the rendezvous host (node 0) when NNODES > 1}"
-        rdzv=(--nnodes "$nnodes" --rdzv_backend c10d
-              --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-gpt2forge}")
+        if [ -n "${NODE_RANK:-}" ]; then
+            rdzv=(--nnodes "$nnodes" --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR"
+                  --master_port "${MASTER_PORT:-29500}")
+        else
+            rdzv=(--nnodes "$nnodes" --rdzv_backend c10d
+                  --rdzv_endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" --rdzv_id "${RDZV_ID:-gpt2forge}")
+        fi
     fi
     local restarts=()
     if [ -n "${MAX_RESTARTS:-}" ]; then

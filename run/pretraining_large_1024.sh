@@ -4,7 +4,7 @@
 # run the stages co-located in each, and replicas without a process become gradient accumulation. Extra flags pass through, e.g. --training-steps 10 --device cuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source run/launch.sh  # torchrun: NPROC_PER_NODE, NNODES, MASTER_ADDR
+source run/launch.sh  # torchrun: NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR
 launch train_gpt2.py \
     --model gpt2-large \
     --max-len 1024 \

@@ -2,7 +2,7 @@
 # A short smoke run of the gpt2-test model (4 layers) on generated data with the test layout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source run/launch.sh  # torchrun: NPROC_PER_NODE, NNODES, MASTER_ADDR
+source run/launch.sh  # torchrun: NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR
 launch train_gpt2.py \
     --model gpt2-test \
     --max-len 128 \

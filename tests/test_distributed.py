@@ -343,6 +343,9 @@ def test_bad_world_exits_2_with_one_line(tiny_config):
     ({}, ["--standalone", "--nproc_per_node", "1"]),
     ({"NPROC_PER_NODE": "4"}, ["--standalone", "--nproc_per_node", "4"]),
     ({"NPROC_PER_NODE": "4", "MAX_RESTARTS": "3"}, ["--standalone", "--max_restarts", "3", "--nproc_per_node", "4"]),
+    ({"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "NPROC_PER_NODE": "8"},
+     ["--nnodes", "2", "--node_rank", "1", "--master_addr", "node0", "--master_port", "29400",
+      "--nproc_per_node", "8"]),
     ({"NNODES": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "NPROC_PER_NODE": "8"},
      ["--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29400",
       "--rdzv_id", "gpt2forge", "--nproc_per_node", "8"]),
@@ -357,9 +360,11 @@ def test_launcher_builds_a_torchrun_command_that_torchrun_parses(env, expected):
     assert parsed.training_script == "train_gpt2.py" and parsed.training_script_args == ["--model", "gpt2"]
 
 
-def test_two_nodes_through_the_launcher_equal_one_process(tiny_config):
-    """Two torchrun agents ("nodes", one process each) meet at a c10d rendezvous on this host, as
-    run/pretraining_large_multinode.sh starts them on every node; the job's step lines are one process's."""
+@pytest.mark.parametrize("node_ranks", [True, False])
+def test_two_nodes_through_the_launcher_equal_one_process(tiny_config, node_ranks):
+    """Two torchrun agents ("nodes", one process each) meet on this host, as run/launch.sh starts
+    them on every node: with NODE_RANK in the static rendezvous (rank 0, the one that logs, on
+    node 0), without it in c10d's. The job's step lines are one process's."""
     single = run(args(tiny_config))
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
@@ -368,12 +373,12 @@ def test_two_nodes_through_the_launcher_equal_one_process(tiny_config):
     env.update(NNODES="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RDZV_ID=f"test{port}",
                NPROC_PER_NODE="1", OMP_NUM_THREADS="1", PYTHON=sys.executable)
     command = "source run/launch.sh; launch " + " ".join(args(tiny_config))
-    nodes = [subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    nodes = [subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**env, "NODE_RANK": str(n)} if node_ranks else env, text=True) for n in range(2)]
     outs = [node.communicate(timeout=600) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
     steps = [[m.group(1) for line in out.splitlines() if (m := STEP.match(line))] for out, _ in outs]
-    assert sorted(steps, key=len) == [[], single]  # rank 0's node alone logs
+    assert (steps if node_ranks else sorted(steps, key=len, reverse=True)) == [single, []]  # rank 0's node logs
 
 
 def test_every_pretraining_script_uses_the_launcher():
