@@ -3,7 +3,7 @@
 One training step = forward + loss + backward + optimizer update on one (B, T) batch. Compared:
 
   ours          gpt2forge as the trainer runs it with `--torch-compile true` (what `make train`
-                passes; the default `auto` compiles on CUDA only): `trainer.train_step` on the
+                passes; the default `auto` compiles on CUDA only): `step.train_step` on the
                 `torch.compile`d model (default mode), fused AdamW from `optim.build_optimizer`,
                 the fused LM head + loss (`--lm-loss fused`, the default), summed loss / tokens
   transformers  `transformers.GPT2LMHeadModel` (attn_implementation="sdpa"), eager, HF's own loss
@@ -102,14 +102,14 @@ def _model_config(name: str, seq_len: int):
 
 
 def _build_ours(args, device, precision, cfg, model):
-    """A `trainer.Run` around the compiled model; returns (step fn, info)."""
+    """A `step.Run` around the compiled model; returns (step fn, info)."""
     import torch
 
     from gpt2forge.memory import apply_memory_features
     from gpt2forge.optim import build_lr_schedule, build_optimizer
     from gpt2forge.runtime import LossScaler, configure_host_allocator, maybe_compile
     from gpt2forge.train_config import TrainConfig
-    from gpt2forge.trainer import Run, train_step
+    from gpt2forge.step import Run, train_step
 
     tcfg = TrainConfig(dataset="generated", model=args.model, max_len=args.seq_len, batch_size=args.batch_size,
                        seed=args.seed, learning_rate=args.learning_rate, weight_decay=args.weight_decay,

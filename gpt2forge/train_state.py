@@ -21,7 +21,7 @@ from .train_config import TrainConfig
 from .vocab import MERGES_FILE, VOCAB_FILE, asset_dir
 
 if TYPE_CHECKING:
-    from .trainer import Run
+    from .step import Run
 
 
 @dataclasses.dataclass
