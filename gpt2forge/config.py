@@ -102,11 +102,16 @@ class ModelConfig:
     def inner_dim(self) -> int:
         return self.n_inner if self.n_inner else 4 * self.n_embd
 
+    @property
+    def block_params(self) -> int:
+        """Parameters of one block: two LayerNorms, attention (qkv, proj) and MLP (fc, proj)."""
+        C, F = self.n_embd, self.inner_dim
+        return 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C)
+
     def num_params(self, include_wpe: bool = True) -> int:
         """Parameter count of the unpadded model (tied head counted once)."""
-        C, L, F = self.n_embd, self.n_layer, self.inner_dim
-        block = 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C)
-        total = self.vocab_size * C + L * block + 2 * C
+        C = self.n_embd
+        total = self.vocab_size * C + self.n_layer * self.block_params + 2 * C
         return total + (self.n_positions * C if include_wpe else 0)
 
     def flops_per_token(self, seq_len: int) -> float:

@@ -199,31 +199,27 @@ class Pipeline:
     def step(self, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
         """Forward and backward of one update's micro-batches (x, y: (micro-batches * B, T), split
         along dim 0). Returns (3,) loss sum, correct, tokens (non-zero on the last stage only)."""
-        self.loss.scale = scale
-        self.loss.records = []
-        if self.grid.first:
-            self.schedule.step(x)
-        elif self.grid.last:
-            self.schedule.step(target=y)
-        else:
-            self.schedule.step()
+        totals = self._run(self.schedule.step, x, y, scale)
         self._average_replicas()
         self._sum_tied_gradients()
-        # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
-        real = self.loss.records[-self.micro_batches:]
-        return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
+        return totals
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Forward only, through the pipeline, of micro-batches * B rows; returns (3,) loss sum,
         correct, tokens (non-zero on the last stage only)."""
-        self.loss.scale = 1.0
+        return self._run(self.schedule.eval, x, y, 1.0)
+
+    def _run(self, schedule_call, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+        """One pass of the schedule (`step` or `eval`): stage 0 feeds x, the last stage scores y."""
+        self.loss.scale = scale
         self.loss.records = []
         if self.grid.first:
-            self.schedule.eval(x)
+            schedule_call(x)
         elif self.grid.last:
-            self.schedule.eval(target=y)
+            schedule_call(target=y)
         else:
-            self.schedule.eval()
+            schedule_call()
+        # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
         real = self.loss.records[-self.micro_batches:]
         return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
 

@@ -101,11 +101,15 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch
 """--precision value -> torch dtype."""
 
 
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The dtype autocast computes in for a precision (None: fp32, no autocast)."""
+    return None if precision == "fp32" else PRECISION_DTYPES[precision]
+
+
 def autocast(device: torch.device, precision: str):
     """Mixed-precision context for forward + loss; a no-op context for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=PRECISION_DTYPES[precision])
+    dtype = autocast_dtype(precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def configure_matmul(device: torch.device, precision: str, half_partials: bool) -> None:

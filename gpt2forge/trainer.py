@@ -31,8 +31,8 @@ from .observe import RunMonitor
 from .optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
 from .pipeline import Grid, Pipeline
 from .plan import build_plan, print_compute_balance, print_plan, run_plan
-from .runtime import PRECISION_DTYPES, LossScaler, compile_enabled, configure_host_allocator, \
-    configure_matmul, maybe_compile, resolve_device, resolve_precision, synchronize
+from .runtime import LossScaler, autocast_dtype, compile_enabled, configure_host_allocator, configure_matmul, \
+    maybe_compile, resolve_device, resolve_precision, synchronize
 from .step import Run, evaluate, train_step
 from .train_config import TrainConfig
 from .train_state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
@@ -105,7 +105,7 @@ def run_training(cfg: TrainConfig) -> int:
         model_cfg, _ = resolve_model_config(cfg)
         build_layout(cfg, model_cfg.n_layer)  # the layout flags must describe this model
         zero = cfg.zero_stage if cfg.zero_stage is not None else int(cfg.replicated_tensor_sharding)
-        return run_plan(cfg, model_cfg, device, _autocast_dtype(precision), zero)
+        return run_plan(cfg, model_cfg, device, autocast_dtype(precision), zero)
     configure_matmul(device, precision, cfg.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device)
     layout = build_layout(cfg, model.config.n_layer, env.world_size)
@@ -190,11 +190,6 @@ def _paused(run: Run):
     return run.watchdog.paused() if run.watchdog is not None else contextlib.nullcontext()
 
 
-def _autocast_dtype(precision: str) -> torch.dtype | None:
-    """The autocast dtype of a precision (None: fp32, no autocast)."""
-    return None if precision == "fp32" else PRECISION_DTYPES[precision]
-
-
 def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
                  precision: str, accumulation: int) -> tuple[Pipeline | None, DistEnv, torch.optim.Optimizer, int]:
     """Memory features, pipeline stages, ZeRO sharding and the optimizer over what this process trains.
@@ -202,6 +197,7 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
     offload = apply_memory_features(model, cfg, device)
     zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
     shard = zero == 1
+    half = autocast_dtype(precision)
     pipeline, replica = None, env
     if zero >= 2 and precision == "fp16":
         raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
@@ -209,20 +205,20 @@ def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHe
         grid = Grid(layout.stages, layout.data_parallel, env.rank)
         compiled = compile_enabled(cfg.torch_compile, device, cfg.executable_cache_dir)
         pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled, zero, offload,
-                            _autocast_dtype(precision))
+                            half)
         if pipeline.fsdp:
             offload = False  # FSDP2 moves the shards and the update to the host itself
         elif zero >= 2:
             log.notice(f"--zero-stage {zero}: one replica per pipeline stage, nothing to shard")
         replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
         if env.is_main:
-            plans = build_plan(cfg, model.config, device, _autocast_dtype(precision), zero,
+            plans = build_plan(cfg, model.config, device, half, zero,
                                replicas=layout.data_parallel, micro_batches=accumulation)
             print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
                               f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
             print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)
     if zero >= 2 and pipeline is None:
-        shard_model(model, zero, offload, device, _autocast_dtype(precision))
+        shard_model(model, zero, offload, device, half)
         offload = False  # FSDP2 moves the shards and the update to the host itself
     shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
     optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
