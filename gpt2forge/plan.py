@@ -91,10 +91,9 @@ def block_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: t
 def stage_params(cfg: ModelConfig, layers: tuple[int, ...]) -> list[int]:
     """Parameters per stage: stage 0 the embeddings, the last ln_f and (when it is not stage 0) a
     copy of the tied embedding as the LM head."""
-    C, F = cfg.n_embd, cfg.inner_dim
-    block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C)
+    C = cfg.n_embd
     wte, wpe = cfg.padded_vocab_size * C, cfg.n_positions * C
-    counts = [n * block for n in layers]
+    counts = [n * cfg.block_params for n in layers]
     counts[0] += wte + wpe
     counts[-1] += 2 * C + (wte if len(layers) > 1 else 0)
     return counts
@@ -117,12 +116,11 @@ def build_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, d
     residual = B * T * C * 4  # the residual stream (a block's input) stays fp32 under autocast
     recompute = cfg.recompute_checkpoint_every_layer or bool(cfg.recompute_checkpoint_layers)
     offload = bool(cfg.optimizer_state_offchip)
-    block_params = stage_params(model_cfg, (1,))[0] - stage_params(model_cfg, (0,))[0]
     plans = []
     for s, (n, P) in enumerate(zip(layers, stage_params(model_cfg, layers))):
         weights = 4 * P
         if zero == 3:
-            weights = 4 * P / R + 2 * gathered * block_params
+            weights = 4 * P / R + 2 * gathered * model_cfg.block_params
         elif zero == 2:
             weights = 4 * P / R + gathered * P
         grads = 4 * P / (R if zero >= 2 else 1)
@@ -217,20 +215,20 @@ def run_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dty
     print_plan(plans, f"Memory plan per process: {S} stage(s) x {R} replica(s) = {S * R} process(es), micro-batch "
                       f"{cfg.batch_size} x {cfg.max_len}, {cfg.gradient_accumulation} micro-batches per update, "
                       f"ZeRO {zero}, activations measured on {device.type}")
-    need = max(p.device_total for p in plans)
+    # Pipelined: rank 0 also keeps the whole model (fp32 weights) for sampling and checkpoints.
+    whole = 4 * sum(stage_params(model_cfg, (model_cfg.n_layer,))) if S > 1 else 0
+    need = max(max(p.device_total for p in plans), plans[0].device_total + whole)
     if S > 1:
-        print_compute_balance(model_cfg, tuple(p.blocks for p in plans), cfg.max_len)  # pipelined: rank 0 also keeps the whole model (fp32 weights) for validation, sampling, saving
-        whole = 4 * sum(stage_params(model_cfg, (model_cfg.n_layer,)))
+        print_compute_balance(model_cfg, tuple(p.blocks for p in plans), cfg.max_len)
         log.info(f"Rank 0 (stage 0 of replica 0) also keeps the whole model's weights for validation, sampling "
                  f"and checkpoints: +{whole / GiB:.2f} GiB, {(plans[0].device_total + whole) / GiB:.2f} GiB in all")
-        need = max(need, plans[0].device_total + whole)
     have, what = device_capacity(device)
     if device.type == "cuda":
         verdict = "fits" if need < 0.9 * have else "does not fit"
         log.info(f"Largest process: {need / GiB:.2f} GiB of {what}: {verdict} (with ~10% for the CUDA context "
                  "and allocator)")
     else:
-        total = sum(p.device_total + p.host for p in plans) * R + (need - plans[0].device_total if S > 1 else 0)
+        total = sum(p.device_total + p.host for p in plans) * R + whole
         verdict = "fits" if total < have else "does not fit"
         log.info(f"All {S * R} process(es) on this host: {total / GiB:.2f} GiB of {what}: {verdict}")
     if verdict == "does not fit":
