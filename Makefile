@@ -30,8 +30,8 @@ all: custom_ops
 
 custom_ops: $(OPS_LIB)
 
-$(OPS_LIB): $(STAMP) $(OPS_SRC) gpt2forge/custom_ops.py
-	$(PY) -m gpt2forge.custom_ops build --out-dir $(@D)
+$(OPS_LIB): $(STAMP) $(OPS_SRC) gpt2forge/ops/library.py
+	$(PY) -m gpt2forge.ops.library build --out-dir $(@D)
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -42,7 +42,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 $(VOCAB): $(STAMP)
-	$(PY) -m gpt2forge.vocab
+	$(PY) -m gpt2forge.text.vocab
 
 setup: $(STAMP) $(VOCAB) $(OPS_LIB)
 
@@ -62,7 +62,7 @@ bench: setup
 	$(PY) -m gpt2forge.benchmark --spec benchmarks.yml --benchmark $(BENCH) $(BENCH_ARGS)
 
 clean:
-	test -x $(PY) && $(PY) -m gpt2forge.custom_ops clean --out-dir build/custom_ops || rm -f $(OPS_LIB)
+	test -x $(PY) && $(PY) -m gpt2forge.ops.library clean --out-dir build/custom_ops || rm -f $(OPS_LIB)
 
 distclean: clean
 	rm -rf $(VENV) build gpt2forge/assets

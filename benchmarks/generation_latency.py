@@ -3,7 +3,7 @@
 Compared, in one process, with the same weights (GPT-2 small shape, seeded random init: decode
 speed does not depend on the values), the same random prompt and greedy decoding:
 
-  ours          gpt2forge.generation.Generator: batched prefill, preallocated KV cache, the decode
+  ours          gpt2forge.generate.generator.Generator: batched prefill, preallocated KV cache, the decode
                 step torch.compile'd (`text_generate_gpt2.py --poptorch-loop`), weights in the
                 measured dtype
   transformers  transformers.GPT2LMHeadModel.generate(do_sample=False, use_cache=True), SDPA
@@ -36,11 +36,11 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.checkpoint import to_hf_state_dict  # noqa: E402
-from gpt2forge.config import ModelConfig  # noqa: E402
-from gpt2forge.generation import Generator, num_threads  # noqa: E402
-from gpt2forge.model import GPT2LMHeadModel  # noqa: E402
-from gpt2forge.sampling import SamplingConfig  # noqa: E402
+from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
+from gpt2forge.model.config import ModelConfig  # noqa: E402
+from gpt2forge.generate.generator import Generator, num_threads  # noqa: E402
+from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
+from gpt2forge.generate.sampling import SamplingConfig  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TARGETS = {"ms_per_token": {"fp32": 25.0, "bf16": 14.0}, "speedup_b1": 2.4, "speedup_b8": 2.0}

@@ -4,7 +4,7 @@ Two measurements, each variant in its own fresh process (so peak memory is its o
 
   op     the loss alone, forward + backward, hidden (N, C) against the tied embedding (V, C):
          plain      logits = h @ W.T (padded columns at -inf), F.cross_entropy(sum), backward
-         fused      gpt2forge.lm_head_loss with the C++ kernel (the default when `make` built it)
+         fused      gpt2forge.ops.lm_head_loss with the C++ kernel (the default when `make` built it)
          reference  the same chunked algorithm in PyTorch (the fallback without the library)
   train  whole training steps of a GPT-2 shape (forward, loss, backward, AdamW) with
          `--lm-loss plain` vs `--lm-loss fused` math (eager, as the trainer's model runs them),
@@ -98,8 +98,8 @@ def child_op(args, variant: str) -> dict:
     import torch
     import torch.nn.functional as F
 
-    import gpt2forge.lm_head_loss as lhl
-    from gpt2forge.runtime import autocast, resolve_device
+    import gpt2forge.ops.lm_head_loss as lhl
+    from gpt2forge.core.runtime import autocast, resolve_device
 
     device = resolve_device(args.device)
     V = 50257 if args.vocab >= 50257 else args.vocab
@@ -131,12 +131,12 @@ def child_op(args, variant: str) -> dict:
 def child_train(args, variant: str) -> dict:
     import torch
 
-    from gpt2forge.config import ModelConfig
-    from gpt2forge.lm_head_loss import LossChunking
-    from gpt2forge.memory import apply_activation_checkpointing
-    from gpt2forge.model import GPT2LMHeadModel
-    from gpt2forge.optim import build_optimizer
-    from gpt2forge.runtime import autocast, resolve_device
+    from gpt2forge.model.config import ModelConfig
+    from gpt2forge.ops.lm_head_loss import LossChunking
+    from gpt2forge.train.memory import apply_activation_checkpointing
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
+    from gpt2forge.train.optim import build_optimizer
+    from gpt2forge.core.runtime import autocast, resolve_device
 
     device = resolve_device(args.device)
     torch.manual_seed(0)

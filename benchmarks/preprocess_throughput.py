@@ -15,7 +15,7 @@ every 50 ms from /proc, for the all-workers run at the full size and at a quarte
 memory means both are about the same.
 
 The corpus is generated (no download): words drawn from the stdlib-docstring corpus
-(gpt2forge.corpus) with their natural frequencies, plus 200,000 random made-up words drawn 5% of
+(gpt2forge.text.corpus) with their natural frequencies, plus 200,000 random made-up words drawn 5% of
 the time, so documents are all different and a word cache cannot memorise the corpus.
 """
 
@@ -37,8 +37,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpt2forge.corpus import build_documents  # noqa: E402
-from gpt2forge.vocab import asset_dir  # noqa: E402
+from gpt2forge.text.corpus import build_documents  # noqa: E402
+from gpt2forge.text.vocab import asset_dir  # noqa: E402
 
 
 def word_pool(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpt2forge.config import ModelConfig  # noqa: E402
+from gpt2forge.model.config import ModelConfig  # noqa: E402
 
 MODELS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 

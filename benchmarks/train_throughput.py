@@ -93,7 +93,7 @@ def _model_config(name: str, seq_len: int):
     """The preset with HF GPT2Config's defaults for the knobs that change the math."""
     import dataclasses
 
-    from gpt2forge.config import ModelConfig
+    from gpt2forge.model.config import ModelConfig
 
     cfg = dataclasses.replace(ModelConfig.preset(name), activation_function="gelu_new",
                               resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
@@ -105,11 +105,11 @@ def _build_ours(args, device, precision, cfg, model):
     """A `step.Run` around the compiled model; returns (step fn, info)."""
     import torch
 
-    from gpt2forge.memory import apply_memory_features
-    from gpt2forge.optim import build_lr_schedule, build_optimizer
-    from gpt2forge.runtime import LossScaler, configure_host_allocator, maybe_compile
-    from gpt2forge.train_config import TrainConfig
-    from gpt2forge.step import Run, train_step
+    from gpt2forge.train.memory import apply_memory_features
+    from gpt2forge.train.optim import build_lr_schedule, build_optimizer
+    from gpt2forge.core.runtime import LossScaler, configure_host_allocator, maybe_compile
+    from gpt2forge.train.config import TrainConfig
+    from gpt2forge.train.step import Run, train_step
 
     tcfg = TrainConfig(dataset="generated", model=args.model, max_len=args.seq_len, batch_size=args.batch_size,
                        seed=args.seed, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
@@ -138,9 +138,9 @@ def _build_transformers(args, device, precision, cfg, model):
     import torch
     import transformers
 
-    from gpt2forge.checkpoint import to_hf_state_dict
-    from gpt2forge.optim import param_groups
-    from gpt2forge.runtime import autocast
+    from gpt2forge.model.checkpoint import to_hf_state_dict
+    from gpt2forge.train.optim import param_groups
+    from gpt2forge.core.runtime import autocast
 
     hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")
     hf = transformers.GPT2LMHeadModel(hf_cfg)
@@ -210,8 +210,8 @@ def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
     """Build, then answer ("step", None) with one step's times and ("finish", None) with peak memory."""
     import torch
 
-    from gpt2forge.model import GPT2LMHeadModel
-    from gpt2forge.runtime import configure_matmul, resolve_device, synchronize
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
+    from gpt2forge.core.runtime import configure_matmul, resolve_device, synchronize
 
     device = resolve_device(args.device)
     configure_matmul(device, precision, half_partials=False)
@@ -340,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from gpt2forge import metrics
-    from gpt2forge.runtime import resolve_device
+    from gpt2forge.train import metrics
+    from gpt2forge.core.runtime import resolve_device
 
     try:
         device = resolve_device(args.device)
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
           f"B={args.batch_size}, T={args.seq_len}, {args.warmup} warm-up + {args.steps} timed steps, "
           f"device {device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), "
           f"torch {torch.__version__}")
-    from gpt2forge.runtime import cpu_half_matmul_is_emulated
+    from gpt2forge.core.runtime import cpu_half_matmul_is_emulated
 
     emulated = [x for x in args.precisions if device.type == "cpu" and cpu_half_matmul_is_emulated(x)]
     action = "measured anyway (--include-emulated)" if args.include_emulated else "skipped; --include-emulated runs it"

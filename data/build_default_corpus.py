@@ -3,7 +3,7 @@
     python data/build_default_corpus.py --output build/stdlib_docs.pkl [--min-tokens 64] [--force]
 
 Writes `pickle.dump(list[list[int]])`, one GPT-2-tokenized document per list, each ending with one
-`<|endoftext|>` (50256); the `--dataset pickle` reader takes it. See gpt2forge/corpus.py.
+`<|endoftext|>` (50256); the `--dataset pickle` reader takes it. See gpt2forge/text/corpus.py.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 # Run as `python data/build_default_corpus.py` from a plain checkout (no pip install needed).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.corpus import build_corpus, build_documents, save_corpus  # noqa: E402
-from gpt2forge.errors import UsageError, cli_main  # noqa: E402
-from gpt2forge.tokenizer import load_tokenizer  # noqa: E402
+from gpt2forge.text.corpus import build_corpus, build_documents, save_corpus  # noqa: E402
+from gpt2forge.core.errors import UsageError, cli_main  # noqa: E402
+from gpt2forge.text.tokenizer import load_tokenizer  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

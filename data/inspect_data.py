@@ -17,7 +17,7 @@ from pathlib import Path
 # shadow the standard library's `inspect` for every script in data/.)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.errors import cli_main  # noqa: E402
+from gpt2forge.core.errors import cli_main  # noqa: E402
 from gpt2forge.preprocess.describe import build_parser, inspect_main  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 # Run as `python data/preprocess_data.py` from a plain checkout (no pip install needed).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.errors import cli_main  # noqa: E402
+from gpt2forge.core.errors import cli_main  # noqa: E402
 from gpt2forge.preprocess.megatron import build_parser, preprocess_data  # noqa: E402
 
 

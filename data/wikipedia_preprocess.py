@@ -13,7 +13,7 @@ from pathlib import Path
 # Run as `python data/wikipedia_preprocess.py` from a plain checkout (no pip install needed).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.errors import cli_main  # noqa: E402
+from gpt2forge.core.errors import cli_main  # noqa: E402
 from gpt2forge.preprocess.wikipedia import wikipedia_preprocess, build_parser  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 # Run as `python data/write_into_tfrecord.py` from a plain checkout (no pip install needed).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.errors import cli_main  # noqa: E402
+from gpt2forge.core.errors import cli_main  # noqa: E402
 from gpt2forge.preprocess.tfrecords import write_into_tfrecord, build_parser  # noqa: E402
 
 

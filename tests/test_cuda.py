@@ -64,7 +64,7 @@ def cfg(make_tiny_config) -> Path:
 def test_fused_loss_on_cuda_matches_plain_cross_entropy():
     gpu_python("""
         import torch, torch.nn.functional as F
-        from gpt2forge.lm_head_loss import fused_lm_head_loss
+        from gpt2forge.ops.lm_head_loss import fused_lm_head_loss
         g = torch.Generator().manual_seed(0)
         V, C, N = 1000, 64, 300
         for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
@@ -89,10 +89,10 @@ def test_fused_loss_on_cuda_matches_plain_cross_entropy():
 def test_cuda_graph_generation_equals_eager_and_the_full_forward():
     gpu_python("""
         import torch
-        from gpt2forge.config import ModelConfig
-        from gpt2forge.generation import Generator
-        from gpt2forge.model import GPT2LMHeadModel
-        from gpt2forge.sampling import SamplingConfig
+        from gpt2forge.model.config import ModelConfig
+        from gpt2forge.generate.generator import Generator
+        from gpt2forge.model.gpt2 import GPT2LMHeadModel
+        from gpt2forge.generate.sampling import SamplingConfig
         torch.manual_seed(0)
         model = GPT2LMHeadModel(ModelConfig(vocab_size=101, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))

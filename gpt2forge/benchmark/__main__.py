@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from gpt2forge.benchmark.cli import main
 
 sys.exit(main())

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import UsageError, cli_main
-from ..observe import parse_profile_steps
-from .runner import FAILED, PASSED, SKIPPED, RunOptions, run_variant, write_results
-from .spec import build_variants, load_spec, select
+from gpt2forge.core.errors import UsageError, cli_main
+from gpt2forge.train.observe import parse_profile_steps
+from gpt2forge.benchmark.runner import FAILED, PASSED, SKIPPED, RunOptions, run_variant, write_results
+from gpt2forge.benchmark.spec import build_variants, load_spec, select
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for v in variants:
             print(f"{v.name} [{v.hardware}]: {v.command}")
         return 0
-    from ..env import environment, format_report  # imports torch: after the spec is known to be valid
+    from gpt2forge.tools.machine_report import environment, format_report  # imports torch: after the spec is known to be valid
 
     env = environment()
     header = format_report(env) + "\n"

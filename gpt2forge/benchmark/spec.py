@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UsageError, collect
+from gpt2forge.core.errors import UsageError, collect
 
 ENTRY_KEYS = {"cmd", "parameters", "data", "derived", "env", "timeout", "hardware", "compile_only", "profile",
               "location", "description", "output", "requirements_path", "pre_run_commands"}

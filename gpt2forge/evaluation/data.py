@@ -11,9 +11,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import UsageError
-from .detokenizer import get_detokenizer
-from .protocol import count_original_tokens
+from gpt2forge.core.errors import UsageError
+from gpt2forge.evaluation.detokenizer import get_detokenizer
+from gpt2forge.evaluation.protocol import count_original_tokens
 
 
 @dataclass
@@ -86,7 +86,7 @@ def load_stream(path: str, fmt: str, detokenizer: str, encode: Callable[[str], l
     """
     flag = "--valid-data"
     if fmt == "mmap":
-        from ..datasets.indexed import IndexedDataset
+        from gpt2forge.data.indexed import IndexedDataset
 
         ds = IndexedDataset(path, vocab_size)
         parts, total = [], 0

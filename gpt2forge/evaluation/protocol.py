@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..errors import UsageError
+from gpt2forge.core.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UsageError
-from .data import read_json_lines, read_text
-from .detokenizer import detokenizer_name_for, get_detokenizer
-from .protocol import build_cloze_examples
-from .scoring import evaluate_cloze, evaluate_stream
+from gpt2forge.core.errors import UsageError
+from gpt2forge.evaluation.data import read_json_lines, read_text
+from gpt2forge.evaluation.detokenizer import detokenizer_name_for, get_detokenizer
+from gpt2forge.evaluation.protocol import build_cloze_examples
+from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_stream
 
 QUICK_WINDOWS = 16
 QUICK_EXAMPLES = 128
@@ -28,7 +28,7 @@ class QuickEval:
 
     def __init__(self, wikitext: str | None, lambada: str | None, seq_len: int, vocab_size: int,
                  batch_size: int = 8):
-        from ..tokenizer import load_tokenizer
+        from gpt2forge.text.tokenizer import load_tokenizer
 
         tok = load_tokenizer()
         if vocab_size != tok.vocab_size:

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..model import IGNORE_INDEX
-from ..runtime import autocast
-from .protocol import ClozeExample, ClozeResult, PerplexityResult, Window, WindowPlan
+from gpt2forge.model.gpt2 import IGNORE_INDEX
+from gpt2forge.core.runtime import autocast
+from gpt2forge.evaluation.protocol import ClozeExample, ClozeResult, PerplexityResult, Window, WindowPlan
 
 HEAD_CHUNK = 1024  # scored positions per LM-head matmul: 1024 x 50304 fp32 logits = 206 MB at most
 

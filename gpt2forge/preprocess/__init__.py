@@ -1,7 +1,7 @@
 """Preprocessing: the logic behind the `data/` tools (corpus text -> pickle, TFRecord, Megatron mmap).
 
 - `engine`: parallel, bounded-memory, order-preserving tokenization (every tool uses it).
-- `megatron`: loose JSON -> `<prefix>_text_document.{bin,idx}` and merging (gpt2forge.datasets.indexed).
+- `megatron`: loose JSON -> `<prefix>_text_document.{bin,idx}` and merging (gpt2forge.data.indexed).
 - `wikipedia`: WikiExtractor output -> `.pkl`; OpenWebText tarballs -> loose JSON.
 - `tfrecords`: pickle or mmap -> TFRecord shards + `.index` files.
 - `bpe`: training a byte-level BPE tokenizer on any corpus.

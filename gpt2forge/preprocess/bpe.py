@@ -16,9 +16,9 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
-from gpt2forge.errors import UsageError, collect
-from gpt2forge.tokenizer import HF_FILE, HFTokenizer, load_tokenizer
-from gpt2forge.vocab import EOT_TOKEN
+from gpt2forge.core.errors import UsageError, collect
+from gpt2forge.text.tokenizer import HF_FILE, HFTokenizer, load_tokenizer
+from gpt2forge.text.vocab import EOT_TOKEN
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,

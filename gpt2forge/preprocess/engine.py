@@ -20,8 +20,8 @@ from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-from gpt2forge.errors import UsageError
-from gpt2forge.tokenizer import load_bpe_files, load_tokenizer, worker_environment
+from gpt2forge.core.errors import UsageError
+from gpt2forge.text.tokenizer import load_bpe_files, load_tokenizer, worker_environment
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from gpt2forge.datasets.indexed import IndexedDataset, IndexedWriter, best_dtype, exists
-from gpt2forge.errors import UsageError, collect
+from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype, exists
+from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.preprocess.engine import (Stats, TokenizerSpec, check_eod, chunk_records,
                                          encode_chunks)
 

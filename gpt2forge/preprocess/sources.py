@@ -17,8 +17,8 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from gpt2forge.atomic import fsync_path
-from gpt2forge.errors import UsageError
+from gpt2forge.core.atomic import fsync_path
+from gpt2forge.core.errors import UsageError
 
 
 def extracted_files(folder: Path) -> list[Path]:

@@ -23,10 +23,10 @@ from typing import Iterator, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from gpt2forge.atomic import fsync_path
-from gpt2forge.datasets.indexed import IndexedDataset, exists
-from gpt2forge.datasets.safe_pickle import safe_load
-from gpt2forge.errors import UsageError, collect
+from gpt2forge.core.atomic import fsync_path
+from gpt2forge.data.indexed import IndexedDataset, exists
+from gpt2forge.data.safe_pickle import safe_load
+from gpt2forge.core.errors import UsageError, collect
 
 FEATURE = "input_ids"
 

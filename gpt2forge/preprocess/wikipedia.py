@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gpt2forge.atomic import fsync_path
-from gpt2forge.errors import UsageError, collect
+from gpt2forge.core.atomic import fsync_path
+from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.preprocess.bpe import train_bpe
 from gpt2forge.preprocess.engine import Stats, TokenizerSpec, check_eod, chunk_records, encode_chunks
 from gpt2forge.preprocess.sources import iter_articles, total_bytes

@@ -1,0 +1,186 @@
+"""Device, precision and compilation: everything the model is run *with*, applied from outside.
+
+Order in which the trainer applies things to a model (documented once, here):
+  1. build on CPU and initialise/load weights        (model.py, checkpoint.py)
+  2. move to the device                              (resolve_device)
+  3. loss implementation, activation checkpointing  (memory.apply_memory_features)
+  4. data-parallel wrapper                           (distributed.wrap_data_parallel)
+  5. torch.compile                                   (maybe_compile)
+On CPU, configure_host_allocator keeps freed training buffers in the process instead of
+returning them to the OS each step.
+Precision is not a model property: weights stay fp32 (master copy) and autocast runs the matmuls
+in bf16/fp16; fp16 adds loss scaling (LossScaler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import sys
+import time
+
+import torch
+
+from gpt2forge.core import log
+from gpt2forge.core.errors import UsageError
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+
+
+def configure_host_allocator() -> bool:
+    """Keep freed memory in the process (glibc): no mmap for large blocks, no trimming.
+
+    A training step frees and re-allocates the same large activation buffers every step; by
+    default glibc serves large blocks with mmap and returns them on free, so each step
+    pays page faults to zero fresh pages again. This is what MALLOC_MMAP_MAX_=0
+    MALLOC_TRIM_THRESHOLD_=<huge> do, applied from inside (the environment wins when set). The
+    price: the resident set stays at its peak. Returns whether it was applied (glibc only).
+    """
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_MAX_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc (musl, ...)
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def resolve_device(name: str) -> torch.device:
+    """--device auto|cpu|cuda|cuda:N -> a torch.device that exists here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"--device {name} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: no CUDA GPU is visible (this torch build: {torch.__version__}); "
+                             "use --device cpu or install a CUDA build of torch (TORCH_SPEC in the Makefile)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
+    elif dev.type != "cpu":
+        raise UsageError(f"--device {name} is not supported; use auto, cpu, cuda or cuda:N")
+    return dev
+
+
+def cpu_half_matmul_is_emulated(precision: str) -> bool:
+    """True when oneDNN has no bf16/fp16 matmul kernels for this CPU (bf16 needs AVX-512 or newer,
+    fp16 AVX-512-FP16/AMX): autocast matmuls are then emulated, ~100x slower than fp32 on an
+    AVX2-only x86 (2-core EPYC, 1024x768x2304: 1.2 vs 158 GFLOP/s)."""
+    check = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}.get(precision)
+    if check is None or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return not getattr(torch.ops.mkldnn, check)()
+    except (AttributeError, RuntimeError):
+        return False  # a torch without the query: assume native
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """--precision auto -> bf16 on CUDA GPUs that support it, else fp32. Warns (once, here) when a
+    CPU would emulate the requested bf16/fp16 matmuls."""
+    if name != "auto":
+        if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise UsageError("--precision bf16: this GPU has no bf16 support; use --precision fp16")
+        if device.type == "cpu" and cpu_half_matmul_is_emulated(name):
+            log.notice(f"--precision {name}: this CPU has no {name} matmul kernels, so its {name} matmuls are "
+                       "emulated, far slower than fp32 (~100x on an AVX2-only CPU); --precision fp32 runs faster")
+        return name
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""--precision value -> torch dtype."""
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """The dtype autocast computes in for a precision (None: fp32, no autocast)."""
+    return None if precision == "fp32" else PRECISION_DTYPES[precision]
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed-precision context for forward + loss; a no-op context for fp32."""
+    dtype = autocast_dtype(precision)
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def configure_matmul(device: torch.device, precision: str, half_partials: bool) -> None:
+    """TF32 for fp32 matmuls on CUDA; --enable-half-partials allows reduced-precision accumulation."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        if half_partials:
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    elif half_partials:
+        log.notice("--enable-half-partials has no equivalent on CPU (matmuls accumulate in fp32); ignored")
+
+
+def compile_enabled(mode: str, device: torch.device, cache_dir: str | None) -> bool:
+    """--torch-compile auto (on for CUDA) | true | false; points inductor at --executable-cache-dir."""
+    if cache_dir:  # inductor reads it when it first compiles; the flag wins over the environment
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    return mode == "true" or (mode == "auto" and device.type == "cuda")
+
+
+def maybe_compile(model: torch.nn.Module, mode: str, device: torch.device, cache_dir: str | None):
+    """The module to call: `model` under torch.compile when `compile_enabled`, else itself."""
+    return torch.compile(model) if compile_enabled(mode, device, cache_dir) else model
+
+
+class LossScaler:
+    """fp16 loss scaling: static (--loss-scaling S) or dynamic (--auto-loss-scaling: halve on overflow,
+    double after `growth_interval` clean updates). Overflowing updates are skipped.
+    For fp32/bf16 it is disabled: scale 1, nothing skipped."""
+
+    def __init__(self, enabled: bool, init_scale: float, dynamic: bool, growth_interval: int = 2000):
+        self.enabled = enabled
+        self.scale = float(init_scale) if enabled else 1.0
+        self.dynamic = dynamic and enabled
+        self.growth_interval = growth_interval
+        self.good_steps = 0
+        self.skipped = 0
+
+    def unscale_and_check(self, params: list[torch.nn.Parameter]) -> bool:
+        """Divide gradients by the scale; return True when all are finite (the update may proceed)."""
+        if not self.enabled:
+            return True
+        grads = [p.grad for p in params if p.grad is not None]
+        found_inf = torch.zeros(1, device=grads[0].device)
+        inv = torch.full((1,), 1.0 / self.scale, device=grads[0].device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv)
+        return not bool(found_inf.item())
+
+    def update(self, finite: bool) -> None:
+        if not self.enabled:
+            return
+        if not finite:
+            self.skipped += 1
+            self.good_steps = 0
+            if self.dynamic:
+                self.scale = max(self.scale / 2.0, 1.0)
+            return
+        self.good_steps += 1
+        if self.dynamic and self.good_steps % self.growth_interval == 0:
+            self.scale *= 2.0
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale, self.good_steps, self.skipped = state["scale"], state["good_steps"], state["skipped"]
+
+
+def synchronize(device: torch.device) -> float:
+    """Wait for queued device work; return perf_counter() (for step timing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -1,0 +1,88 @@
+"""Linear layers for decoding: the C++ `gpt2forge::gemv_linear` kernel when only a few rows go in.
+
+A decode step multiplies 1 to 8 rows (one per sequence of the batch) by every weight matrix, so
+its time is the time to read the weights (bf16 weights: half the bytes). `gemv_linear`
+(custom_ops/gemv.cpp) streams each weight once at 25-31 GB/s where BLAS reaches 12-17 GB/s on the
+2-core development machine (benchmarks/generation_latency.py has the whole-token figures). Its
+reference is F.linear: the fallback whenever the kernel does not apply (library not built, not CPU
+fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
+tests/test_custom_ops.py. On a CPU without bf16 instructions, where ATen emulates bf16 matmuls
+(~1 GFLOP/s), bf16 prefill runs on the kernel too, at any row count.
+
+`with_gemv_linears(model)` gives the inference code (gpt2forge.generate.kv_cache.CachedLM) a view of the
+model whose nn.Linear layers use it, sharing every parameter: the model itself is unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt2forge.ops import library as custom_ops
+from gpt2forge.core.runtime import cpu_half_matmul_is_emulated
+
+GEMV_MAX_ROWS = 16
+"""Above this many rows (prefill, training) BLAS's blocked matmul is faster: F.linear runs."""
+
+
+def kernel_available() -> bool:
+    """Whether the custom ops library is loaded and has `gpt2forge::gemv_linear` (one notice if not built)."""
+    return custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "gemv_linear")
+
+
+@functools.cache
+def _bf16_emulated() -> bool:
+    return cpu_half_matmul_is_emulated("bf16")
+
+
+def gemv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x (..., K), weight (N, K), without gradients: the kernel for up
+    to GEMV_MAX_ROWS rows of CPU fp32 or bf16, and for any number of bf16 rows on a CPU whose bf16
+    matmuls ATen would emulate; F.linear otherwise. Call `kernel_available()` first."""
+    K = x.shape[-1]
+    rows = x.numel() // max(K, 1)
+    dtype = weight.dtype
+    use = (x.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and x.dtype == dtype
+           and (bias is None or bias.dtype == dtype)
+           and 0 < rows and (rows <= GEMV_MAX_ROWS or (dtype == torch.bfloat16 and _bf16_emulated()))
+           and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+    if not use:
+        return F.linear(x, weight, bias)
+    y = torch.ops.gpt2forge.gemv_linear(x.reshape(rows, K), weight, bias)  # (rows, N)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+class GemvLinear(nn.Module):
+    """An nn.Linear's parameters (shared, not copied) applied with `gemv_linear`."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gemv_linear(x, self.weight, self.bias)
+
+
+def with_gemv_linears(module: nn.Module) -> nn.Module:
+    """A shallow copy of `module` whose nn.Linear submodules (at any depth) are GemvLinear, sharing
+    all parameters and buffers with it; `module` itself is returned unchanged when the kernel
+    cannot apply (library not built, or the weights are not CPU fp32/bf16)."""
+    param = next(module.parameters(), None)
+    if (param is None or param.device.type != "cpu" or param.dtype not in (torch.float32, torch.bfloat16)
+            or not kernel_available()):
+        return module
+    return _swap_linears(module)
+
+
+def _swap_linears(module: nn.Module) -> nn.Module:
+    if isinstance(module, nn.Linear):
+        return GemvLinear(module)
+    clone = copy.copy(module)  # shares _parameters and _buffers; only the children are replaced
+    clone._modules = {name: _swap_linears(child) if child is not None else None
+                      for name, child in module._modules.items()}
+    return clone

@@ -1,0 +1,214 @@
+"""Autoregressive generation with a preallocated KV cache (gpt2forge.generate.kv_cache).
+
+One generation = one batched prefill of the (left-padded) prompts in a single forward pass, then one
+token per step written into the cache: the prefix is never recomputed and nothing grows. With
+`compile=True` the decode step is torch.compile'd once for its static shapes (on CUDA with
+mode="reduce-overhead", i.e. CUDA graphs): the `--poptorch-loop` of the reference.
+
+    gen = Generator(model, batch_size=2, max_len=192)
+    out = gen.generate([[464, 3290], [40]], max_new_tokens=128, sampling=SamplingConfig(greedy=True))
+    out.tokens  # new ids per row, stop token excluded
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from typing import Callable, Collection, Iterator, Sequence
+
+import torch
+
+from gpt2forge.generate.kv_cache import CachedLM
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
+
+# on_token(step, ids of every row this step (B,), finished flags after this step (B,))
+TokenCallback = Callable[[int, list[int], list[bool]], None]
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """What one `Generator.generate` call produced, and how long it took."""
+
+    tokens: list[list[int]]
+    """New token ids of each prompt, stop token excluded."""
+    prefill_s: float
+    """Wall time of the prompt forward pass and the first token's choice."""
+    step_s: list[float]
+    """Wall time of each later decode step (forward of one token + choice of the next)."""
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + sum(self.step_s)
+
+
+def _sync(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to n inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Generator:
+    """Generates for up to `batch_size` prompts at a time, each up to `max_len` tokens in total
+    (prompt + new tokens <= max_len <= n_positions). The cache is allocated once and reused by
+    every `generate` call, so an interactive session never reallocates or recompiles."""
+
+    def __init__(self, model: GPT2LMHeadModel, batch_size: int, max_len: int, compile: bool = False):
+        self.lm = CachedLM(model, batch_size, max_len).eval()
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.config.vocab_size
+        self.step = self.lm
+        self.threads = torch.get_num_threads()  # used while generating; warm_up may lower it
+        if compile:
+            # Static shapes (B, 1): one graph; on CUDA, "reduce-overhead" replays it as a CUDA graph.
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode=mode)
+
+    @property
+    def batch_size(self) -> int:
+        return self.lm.batch_size
+
+    @property
+    def max_len(self) -> int:
+        return self.lm.max_len
+
+    @torch.no_grad()
+    def warm_up(self, steps: int = 3) -> float:
+        """Pick the generation's thread count, then run the decode step `steps` times on dummy
+        inputs (compilation, CUDA graph capture, allocator warm-up) so that later timings exclude
+        them. Returns the seconds it took."""
+        t0 = _sync(self.device)
+        self.threads = self._probe_threads()
+        ids = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
+        pad = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
+        with num_threads(self.threads):
+            for s in range(steps):
+                self.step(ids, torch.tensor([s], device=self.device), pad)
+        return _sync(self.device) - t0
+
+    def _probe_threads(self) -> int:
+        """The faster of 1 and all of torch's threads for an (eager) decode step, on CPU.
+
+        A decode step is a chain of ~100 small, memory-bound kernels: one thread reads memory
+        nearly as fast as two, and when other processes share the cores every multi-threaded
+        kernel waits for a descheduled worker (measured: 50 ms vs 320 ms per GPT-2 small token on
+        a loaded 2-core machine). Measured here rather than assumed; inductor bakes the thread
+        count into its kernels, so this runs before the first compiled call.
+        """
+        n = torch.get_num_threads()
+        if self.device.type != "cpu" or n == 1:
+            return n
+        ids = torch.zeros(self.batch_size, 1, dtype=torch.long)
+        pad = torch.zeros(self.batch_size, dtype=torch.long)
+        slot = torch.zeros(1, dtype=torch.long)
+        best = {}
+        for threads in (n, 1, n, 1):  # alternated, so a burst of load hits both
+            with num_threads(threads):
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    self.lm(ids, slot, pad)
+                    best[threads] = min(best.get(threads, float("inf")), time.perf_counter() - t0)
+        return min(best, key=best.get)
+
+    def _prefill_inputs(self, prompts: Sequence[Sequence[int]]):
+        """Left-padded ids (B, P), padding per row (B,), and the seen-token mask (B, V)."""
+        B, V = self.batch_size, self.vocab_size
+        P = max(len(p) for p in prompts)
+        ids = torch.zeros(B, P, dtype=torch.long)
+        pad = torch.empty(B, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            pad[b] = P - len(p)
+        seen = torch.zeros(B, V, dtype=torch.bool)
+        seen[ids.new_tensor([b for b, p in enumerate(prompts) for _ in p]),
+             ids.new_tensor([t for p in prompts for t in p])] = True
+        return ids.to(self.device), pad.to(self.device), seen.to(self.device)
+
+    def _check(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        if not 1 <= len(prompts) <= self.batch_size:
+            raise ValueError(f"{len(prompts)} prompts for a generator of batch size {self.batch_size}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token (use the end-of-text id for none)")
+        for p in prompts:
+            check_ids(list(p), self.vocab_size, "prompt")
+        P = max(len(p) for p in prompts)
+        if max_new_tokens < 1 or P + max_new_tokens > self.max_len:
+            raise ValueError(f"prompt of {P} tokens + {max_new_tokens} new tokens exceed max_len {self.max_len}")
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, sampling: SamplingConfig,
+                 stop_ids: Collection[int] = (), generator: torch.Generator | None = None,
+                 on_token: TokenCallback | None = None) -> GenerationResult:
+        """Up to `max_new_tokens` new ids for each prompt (non-empty id lists).
+
+        A row stops at its first id in `stop_ids` (not included in its tokens); the call ends when
+        every row has stopped. Fewer prompts than `batch_size` are allowed (the spare rows repeat
+        the last prompt and are dropped). `generator` seeds the sampling.
+        """
+        self._check(prompts, max_new_tokens)
+        stop_ids = frozenset(stop_ids)
+        n, P = len(prompts), max(len(p) for p in prompts)
+        ids, pad, seen = self._prefill_inputs(list(prompts) + [prompts[-1]] * (self.batch_size - n))
+        slots = torch.arange(self.max_len, device=self.device)
+        track_seen = sampling.repetition_penalty != 1.0
+        out: list[list[int]] = [[] for _ in range(n)]
+        finished = [False] * self.batch_size
+        step_s: list[float] = []
+
+        with num_threads(self.threads):
+            t0 = _sync(self.device)
+            tok = next_token(self.lm(ids, slots[:P], pad), sampling, self.vocab_size, seen, generator)  # (B,)
+            prefill_s = _sync(self.device) - t0
+            for t in range(max_new_tokens):
+                t0 = time.perf_counter()
+                if t > 0:  # feed the previous token, in slot P + t - 1
+                    logits = self.step(tok[:, None], slots[P + t - 1:P + t], pad)
+                    tok = next_token(logits, sampling, self.vocab_size, seen, generator)
+                row_ids = tok.tolist()  # the one host sync per step
+                for b, i in enumerate(row_ids[:n]):
+                    if not finished[b]:
+                        finished[b] = i in stop_ids
+                        if not finished[b]:
+                            out[b].append(i)
+                if t > 0:
+                    step_s.append(time.perf_counter() - t0)
+                if on_token is not None:
+                    on_token(t, row_ids[:n], finished[:n])
+                if all(finished[:n]):
+                    break
+                if track_seen:
+                    seen.scatter_(1, tok[:, None], True)
+        return GenerationResult(out, prefill_s, step_s)
+
+
+def sample(model: GPT2LMHeadModel, prompt_ids: list[int], new_tokens: int, temperature: float = 0.8,
+           top_k: int = 40, generator: torch.Generator | None = None, stop_id: int | None = None) -> list[int]:
+    """Up to `new_tokens` ids drawn after `prompt_ids` (temperature <= 0: greedy), for the sample
+    printed after training. The prompt is cut from the left to fit n_positions with the new
+    tokens (at most n_positions - 1). Returns only the new ids (stops early at stop_id, excluded).
+    The model's train/eval mode is restored afterwards.
+    """
+    n_ctx = model.config.n_positions
+    new_tokens = min(new_tokens, n_ctx - 1)
+    prompt = list(prompt_ids)[-(n_ctx - new_tokens):]
+    greedy = temperature <= 0
+    sampling = SamplingConfig(greedy=greedy, temperature=1.0 if greedy else temperature, top_k=top_k)
+    was_training = model.training
+    try:
+        gen = Generator(model.eval(), batch_size=1, max_len=len(prompt) + new_tokens)
+        stop = () if stop_id is None else (stop_id,)
+        return gen.generate([prompt], new_tokens, sampling, stop, generator).tokens[0]
+    finally:
+        model.train(was_training)

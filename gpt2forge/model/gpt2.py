@@ -1,0 +1,244 @@
+"""GPT-2 in plain PyTorch.
+
+Parameter names are Hugging Face's (`transformer.wte`, `transformer.h.{i}.attn.c_attn`, `lm_head`,
+...), so checkpoints map one to one onto `transformers.GPT2LMHeadModel` (HF's Conv1D stores its
+weight transposed; `checkpoint.py` handles that). This module knows nothing about devices,
+distribution, data or checkpoints: placement, checkpointing and compilation are applied from outside.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt2forge.model.config import ModelConfig
+from gpt2forge.model.dropout import causal_attention_dropout, dropout
+from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss
+
+IGNORE_INDEX = -100
+
+
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+class Dropout(nn.Module):
+    """nn.Dropout with masks from `dropout_keep_mask`."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": _gelu_new,
+    "gelu_pytorch_tanh": _gelu_new,
+    "gelu_fast": _gelu_new,
+    "quick_gelu": _quick_gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with fused q/k/v projection (SDPA kernel)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        C = cfg.n_embd
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.resid_dropout = Dropout(cfg.resid_pdrop)
+        self.attn_pdrop = cfg.attn_pdrop
+        scale = 1.0 / math.sqrt(cfg.head_dim) if cfg.scale_attn_weights else 1.0
+        if cfg.scale_attn_by_inverse_layer_idx:
+            scale /= layer_idx + 1
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor, kv=None, last: int | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). `kv` (inference only, see gpt2forge.generate.kv_cache) is one layer's
+        preallocated cache: `kv.attend(q, k, v, scale)` stores this call's keys/values and returns the
+        attention of q over all S cached ones (B, n_head, T, hd), under the cache's mask. `last`
+        (without kv): only the last `last` positions attend (over all T keys) -> (B, last, C)."""
+        B, T, C = x.shape
+        # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        if kv is not None:
+            y = kv.attend(q, k, v, self.scale)
+        elif last is not None:
+            q = q[:, :, T - last:]  # query i is position T - last + i: it sees keys 0 .. T - last + i
+            causal = torch.ones(last, T, dtype=torch.bool, device=x.device).tril(T - last)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=dropout_p, scale=self.scale)
+            T = last
+        elif self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
+            # CPU SDPA has no fused kernel with dropout; on CUDA the flash kernel applies it.
+            y = causal_attention_dropout(q, k, v, self.attn_pdrop, self.scale)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, n_head, T, hd) -> (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, cfg.inner_dim)
+        self.c_proj = nn.Linear(cfg.inner_dim, cfg.n_embd)
+        self.act = _ACTIVATIONS[cfg.activation_function]
+        self.dropout = Dropout(cfg.resid_pdrop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn = Attention(cfg, layer_idx)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, kv=None, last: int | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C), or (B, last, C): the block's output for the last positions only."""
+        a = self.attn(self.ln_1(x), kv, last)
+        x = x if last is None else x[:, x.shape[1] - last:]
+        x = x + a
+        return x + self.mlp(self.ln_2(x))
+
+
+class Transformer(nn.Module):
+    """Embeddings, blocks and final LayerNorm: ids (B, T) -> hidden states (B, T, C)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.drop = Dropout(cfg.embd_pdrop)
+        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                kv_cache=None, last: int | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> hidden (B, T, C). position_ids (B, T) default 0..T-1; kv_cache (inference)
+        holds one cache layer per block (see Attention.forward). `last` (evaluation, no cache): the
+        hidden states of the last `last` positions only, (B, last, C); the final block then computes
+        its attention output and MLP for those rows alone (its keys and values still span all T)."""
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if last is not None and not 0 < last <= input_ids.shape[1]:
+            raise ValueError(f"last={last}: expected 1 .. {input_ids.shape[1]} positions")
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        final = len(self.h) - 1
+        for i, block in enumerate(self.h):
+            x = block(x, None if kv_cache is None else kv_cache[i], last if i == final else None)
+        return self.ln_f(x)
+
+
+class LMLoss(NamedTuple):
+    """Sums over the non-ignored label positions, so micro-batches add up exactly."""
+
+    loss_sum: torch.Tensor  # scalar, sum of per-token cross-entropy (fp32)
+    correct: torch.Tensor  # scalar, number of tokens whose argmax equals the label
+    tokens: torch.Tensor  # scalar, number of non-ignored labels
+
+
+class GPT2LMHeadModel(nn.Module):
+    """GPT-2 with the LM head tied to the token embedding (`lm_head.weight is transformer.wte.weight`)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.transformer = Transformer(cfg)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+        self.fused_loss: LossChunking | None = None
+        """How `forward(ids, labels)` computes the loss: None = full logits + cross-entropy; a
+        LossChunking = the fused chunked LM head + loss (gpt2forge.ops.lm_head_loss), set from outside."""
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """HF/GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, and residual
+        output projections (`c_proj`) scaled by 1/sqrt(2 n_layer) (GPT-2 paper, section 2.3)."""
+        std = self.config.initializer_range
+        proj_std = std / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                p.normal_(0.0, proj_std, generator=generator)
+            elif p.ndim == 2:
+                p.normal_(0.0, std, generator=generator)
+            elif name.endswith(".weight"):  # LayerNorm gain
+                p.fill_(1.0)
+            else:
+                p.zero_()
+        self.transformer.wte.weight[self.config.vocab_size:].zero_()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> (..., padded_vocab) with the padded columns at -inf (never sampled or predicted)."""
+        return mask_padded_vocab_(self.lm_head(hidden), self.config.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        """input_ids (B, T) int64.
+
+        Without labels: logits (B, T, padded_vocab), padded columns at -inf.
+        With labels (B, T, IGNORE_INDEX where not scored): an `LMLoss` of sums over scored tokens.
+        """
+        hidden = self.transformer(input_ids)  # (B, T, C)
+        if labels is None:
+            return self.logits(hidden)
+        return head_loss(hidden, self.lm_head.weight, labels, self.config.vocab_size, self.fused_loss)
+
+
+def mask_padded_vocab_(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Sets the padded vocabulary columns (>= vocab_size) of fresh logits to -inf, in place: a
+    matmul does not save its output for backward."""
+    if logits.shape[-1] > vocab_size:
+        logits[..., vocab_size:] = float("-inf")
+    return logits
+
+
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(..., C) @ weight (padded_vocab, C).T with the padded columns at -inf."""
+    return mask_padded_vocab_(F.linear(hidden, weight), vocab_size)
+
+
+def head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+              fused: LossChunking | None) -> LMLoss:
+    """The LM head + loss of hidden states (B, T, C) against labels (B, T): the fused chunked op when
+    `fused` is set (the (B*T, V) logits are never materialized), else full logits + cross-entropy."""
+    if fused is not None:
+        return LMLoss(*fused_lm_head_loss(hidden.flatten(0, 1), weight, labels.flatten(), vocab_size, IGNORE_INDEX,
+                                          fused))
+    return lm_loss(head_logits(hidden, weight, vocab_size).flatten(0, 1), labels.flatten())
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> LMLoss:
+    """Cross-entropy sum, correct-argmax count and token count over labels != IGNORE_INDEX.
+
+    logits (N, V) in any float dtype (reduced in fp32 by the kernel), labels (N,) int64.
+    """
+    loss_sum = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    with torch.no_grad():
+        mask = labels != IGNORE_INDEX
+        correct = ((logits.argmax(-1) == labels) & mask).sum()
+        tokens = mask.sum()
+    return LMLoss(loss_sum, correct, tokens)

@@ -1,0 +1,74 @@
+"""Loading a trained GPT-2 for inference: weights, config and the tokenizer that goes with them.
+
+One entry point, `load_pretrained`, shared by text generation, the inference benchmark and the
+evaluation tasks. It takes our checkpoints (`step_N/`, `epoch_N/`, or a root with a `latest`
+pointer) and Hugging Face GPT-2 directories (`config.json` + `model.safetensors` or
+`pytorch_model.bin`). Anything missing or unreadable is a UsageError (exit 2): generation never
+falls back to random weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
+from gpt2forge.core.errors import UsageError
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.text.tokenizer import HF_FILE, Tokenizer, load_bpe_files, load_tokenizer
+from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
+
+MEGATRON_FILES = ("gpt2-vocab.json", "gpt2-merges.txt")
+
+TOKENIZER_TYPES = {0: "Hugging Face GPT-2 files (vocab.json + merges.txt or tokenizer.json)",
+                   1: "Megatron GPT-2 BPE (gpt2-vocab.json + gpt2-merges.txt: the same byte-level BPE)"}
+
+
+def resolve_model_dir(path: str | Path) -> Path:
+    """The checkpoint directory for `path` (a checkpoint, a root with `latest`, or an HF directory)."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"--model-name-or-path {path}: not found; pass a checkpoint directory "
+                         "(step_N/, epoch_N/, a root with `latest`) or a Hugging Face GPT-2 directory")
+    try:
+        return resolve_checkpoint_dir(p)
+    except UsageError:
+        raise UsageError(f"--model-name-or-path {path}: no config.json (not a GPT-2 checkpoint); pass a "
+                         "step_N/ or epoch_N/ directory, a root with `latest`, or a Hugging Face GPT-2 "
+                         "directory") from None
+
+
+def load_checkpoint_tokenizer(ckpt: Path, tokenizer_type: int | None = None) -> Tokenizer:
+    """The tokenizer saved with the checkpoint when there is one, else the GPT-2 default.
+
+    tokenizer_type 0 (or None): vocab.json + merges.txt or tokenizer.json in `ckpt`; 1: Megatron's
+    gpt2-vocab.json + gpt2-merges.txt pair in `ckpt`. GPT-2's own files give the fast built-in
+    tokenizer (identical ids; see gpt2forge.text.tokenizer).
+    """
+    if tokenizer_type not in (None, *TOKENIZER_TYPES):
+        raise UsageError(f"--tokenizer-type {tokenizer_type}: choose 0 ({TOKENIZER_TYPES[0]}) "
+                         f"or 1 ({TOKENIZER_TYPES[1]})")
+    if tokenizer_type == 1:
+        vocab, merges = ckpt / MEGATRON_FILES[0], ckpt / MEGATRON_FILES[1]
+        return load_bpe_files(vocab, merges) if vocab.is_file() and merges.is_file() else load_tokenizer()
+    shipped = (ckpt / HF_FILE).is_file() or ((ckpt / VOCAB_FILE).is_file() and (ckpt / MERGES_FILE).is_file())
+    return load_tokenizer(ckpt) if shipped else load_tokenizer()
+
+
+def load_pretrained(path: str | Path, device: torch.device | str = "cpu",
+                    tokenizer_type: int | None = None) -> tuple[GPT2LMHeadModel, Tokenizer]:
+    """(model in eval mode on `device`, fp32 weights; tokenizer) for a checkpoint or HF directory.
+
+    Raises UsageError when the directory, its config, weights or tokenizer cannot be loaded, or when
+    the tokenizer's vocabulary differs from the model's (ids would be out of range or undecodable).
+    """
+    ckpt = resolve_model_dir(path)
+    model = GPT2LMHeadModel(load_model_config(ckpt))
+    load_weights(model, ckpt)
+    tok = load_checkpoint_tokenizer(ckpt, tokenizer_type)
+    if tok.vocab_size != model.config.vocab_size:
+        raise UsageError(f"{ckpt}: the model's vocabulary ({model.config.vocab_size} ids) does not match the "
+                         f"tokenizer's ({tok.vocab_size} ids); save the checkpoint with the tokenizer it was "
+                         "trained with (vocab.json + merges.txt or tokenizer.json)")
+    return model.to(device).eval(), tok

@@ -1,0 +1,188 @@
+"""torch.distributed for the trainer: process group, data-parallel wrapping, ZeRO-1, collectives.
+
+Launch with torchrun where the reference used PopRun: each process is one data-parallel replica
+(`--replication-factor`), NCCL on GPUs, gloo on CPUs. Without torchrun (no WORLD_SIZE in the
+environment) everything here is a no-op and the run is single-process.
+
+Same math as one process: every update averages the gradient over all scored tokens of the global
+batch. Each replica scales its summed loss by world_size / (global scored tokens), and DDP's mean
+all-reduce turns that into exactly sum / global tokens. Replicas that have no process of their own
+become extra gradient accumulation (layout.report_layout), so the global batch never changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from gpt2forge.core import log
+from gpt2forge.core.errors import UsageError
+from gpt2forge.parallel.health import preflight
+
+TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
+"""Collective timeout: a rank that died makes the others fail after this, never hang forever."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job (torchrun's RANK, LOCAL_RANK, WORLD_SIZE)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_from_launcher() -> DistEnv:
+    """Read torchrun's variables; a single process when they are absent."""
+    try:
+        return DistEnv(int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")),
+                       int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError as exc:
+        raise UsageError(f"RANK / LOCAL_RANK / WORLD_SIZE must be integers (launch with torchrun): {exc}") from None
+
+
+def check_world(env: DistEnv, replication_factor: int, stages: int = 1) -> None:
+    """A layout that does not fit the processes is refused before any process group work.
+    `stages` pipeline stages run in their own processes when the world is a multiple of them."""
+    if not env.enabled:
+        return
+    if stages > 1 and env.world_size >= stages:
+        if env.world_size % stages:
+            raise UsageError(f"{env.world_size} processes cannot hold {stages} pipeline stages (--layers-per-ipu) "
+                             f"x replicas; start a multiple of {stages} processes (or fewer than {stages} to "
+                             "run the stages co-located)")
+        replicas = env.world_size // stages
+        if replication_factor % replicas:
+            raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {replicas} "
+                             f"replicas that {env.world_size} processes / {stages} stages make; start "
+                             f"{stages} x a divisor of {replication_factor} processes")
+        return
+    if replication_factor % env.world_size:
+        raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {env.world_size} "
+                         "processes torchrun started; start a number of processes that divides it "
+                         "(missing replicas become gradient accumulation)")
+
+
+def init_process_group(env: DistEnv, device: torch.device) -> None:
+    """Join the process group (NCCL on CUDA, gloo otherwise) with a finite timeout."""
+    if not env.enabled or dist.is_initialized():
+        return
+    # On GPUs NCCL moves CUDA tensors and gloo the CPU ones (FSDP2's CPU-offloaded gradient norm,
+    # object collectives of host state), so neither kind of tensor meets a backend it lacks.
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if device.type == "cuda" else None)
+    log.info(f"Distributed: {env.world_size} processes, backend {backend}")
+    preflight(device)
+
+
+def device_for(env: DistEnv, device: torch.device) -> torch.device:
+    """One GPU per local rank on CUDA; CPU processes share the CPU."""
+    if device.type == "cuda" and env.enabled:
+        count = torch.cuda.device_count()
+        if env.local_rank >= count:
+            raise UsageError(f"local rank {env.local_rank} has no GPU of its own: this node has {count} CUDA "
+                             f"device(s); start at most {count} process(es) per node (NPROC_PER_NODE / "
+                             "--nproc_per_node) or pass --device cpu")
+        return torch.device("cuda", env.local_rank)
+    return device
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_data_parallel(model: torch.nn.Module, env: DistEnv, device: torch.device) -> torch.nn.Module:
+    """DDP around the model (gradient all-reduce overlapped with backward); the model itself otherwise."""
+    if not env.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True)
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer, env: DistEnv) -> dict | None:
+    """The optimizer's state dict as one process would hold it; on every rank a collective for ZeRO-1.
+    Returns None on ranks other than 0 when the state is sharded."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if env.is_main else None
+    return optimizer.state_dict()
+
+
+def resolve_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool, env: DistEnv) -> int:
+    """--zero-stage, defaulting to 1 with --replicated-tensor-sharding; 0 in one process (with a notice)."""
+    stage = zero_stage if zero_stage is not None else (1 if replicated_tensor_sharding else 0)
+    if stage and not env.enabled:
+        log.notice(f"ZeRO stage {stage}: one process, nothing to shard (launch replicas with torchrun)")
+        return 0
+    return stage
+
+
+def fsdp_options(mesh, stage: int, offload: bool, param_dtype: torch.dtype | None) -> dict:
+    """fully_shard's arguments for ZeRO `stage` 2|3. Stage 2 keeps the gathered parameters from
+    forward to backward (gradients and optimizer state sharded); stage 3 re-shards them after
+    forward (parameters sharded too). `offload` keeps the shards, their gradients and the optimizer
+    update in host memory (ZeRO-offload). `param_dtype` (bf16/fp16 runs) gathers and computes with
+    half-precision copies of the fp32 shards and reduces gradients in fp32, as torchtitan does."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    options = {"reshard_after_forward": stage == 3, "mesh": mesh}
+    if offload:  # pinned host memory where there is a GPU to copy to
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    if param_dtype is not None:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    return options
+
+
+def shard_model(model: torch.nn.Module, stage: int, offload: bool, device: torch.device,
+                param_dtype: torch.dtype | None = None) -> None:
+    """FSDP2 (ZeRO-2/3, see `fsdp_options`): every block one unit, the root holding the embeddings,
+    ln_f and the tied head."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # The mesh names the device: left out, FSDP2 takes the host's accelerator even for a CPU run.
+    options = fsdp_options(init_device_mesh(device.type, (dist.get_world_size(),)), stage, offload, param_dtype)
+    for block in model.transformer.h:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+
+
+def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(whole model state dict, named optimizer state) of an FSDP2 model, on the CPU of rank 0
+    (empty elsewhere); a collective of all ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_sharded_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named: dict) -> None:
+    """Load a whole-model named optimizer state (every rank holds it) into an FSDP2 model's optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks, in place; returns t (a no-op in one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t

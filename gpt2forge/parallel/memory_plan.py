@@ -1,0 +1,238 @@
+"""Memory plan: what each process of a layout holds, per pipeline stage, before anything is trained.
+
+`train_gpt2.py ... --plan` prints it for the layout the flags describe at full size (stages x
+`--replication-factor` processes, one device each) and says whether a process fits this machine's
+device; pipelined runs print the same table at start-up (stage balance).
+
+Per process (bytes, P = the stage's parameters, R = replicas of the stage):
+- weights: fp32 master copies, 4 P (ZeRO-3: 4 P / R plus two gathered blocks; ZeRO-2 keeps the
+  gathered parameters from forward to backward, so 4 P / R + P gathered; gathered copies are
+  bf16/fp16 in such runs, 2 bytes a value);
+- gradients: fp32, 4 P (ZeRO-2/3: / R);
+- optimizer: two fp32 moments, 8 P (ZeRO-1/2/3: / R); with `--optimizer-state-offchip` they and an
+  fp32 copy of the parameters (12 P) sit in host memory instead;
+- activations: measured, not modelled: one block's forward runs here at the run's micro-batch
+  shape, precision and dropout, and the tensors autograd saves are counted. With recomputation a
+  block keeps only its input, plus one block's activations during its backward. Non-pipelined
+  processes hold one micro-batch at a time; a pipeline stage holds every micro-batch in flight
+  (GPipe: all of them; 1F1B: stages - stage);
+- LM head and loss (last stage): the fp32 logits buffers — the whole (B T, V) logits, their
+  log-softmax and gradient for `--lm-loss plain`, one row chunk and its gradient for the fused loss.
+In a pipeline, rank 0 also keeps the whole model's fp32 weights (validation, sampling, saving):
+printed on its own line and counted in the verdict.
+Not counted: transient buffers (a backward's activation gradients, optimizer temporaries), the
+allocator's fragmentation and cache, the process itself (libraries, CUDA context: about 0.5-1 GiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import torch
+
+from gpt2forge.core import log
+from gpt2forge.model.config import ModelConfig
+from gpt2forge.ops.lm_head_loss import LossChunking
+from gpt2forge.train.config import TrainConfig
+
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    stage: int
+    blocks: int
+    params: int
+    weights: float
+    grads: float
+    optimizer: float  # on the device
+    activations: float
+    head: float
+    host: float  # optimizer state and fp32 parameter copies offloaded to host memory
+
+    @property
+    def device_total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.head
+
+
+def block_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
+                           dtype: torch.dtype | None, fake: bool | None = None) -> int:
+    """Bytes autograd saves for one block's backward at (batch, seq_len): one block's forward runs
+    under autocast to `dtype` (None: fp32), and the saved tensors that are neither parameters nor
+    the block's input are counted once each. On a GPU it really runs; on the CPU it runs on fake
+    tensors (shapes only: the same graph and saved tensors, no arithmetic, so emulated bf16 costs
+    nothing)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gpt2forge.model.gpt2 import Block
+
+    fake = device.type == "cpu" if fake is None else fake
+    block = Block(cfg, 0).to(device).train()
+    mode = FakeTensorMode() if fake else contextlib.nullcontext()
+    with mode:
+        params = {name: mode.from_tensor(p) if fake else p for name, p in block.named_parameters()}
+        x = torch.randn(batch, seq_len, cfg.n_embd, device=device, requires_grad=True)
+        skip = {t.untyped_storage()._cdata for t in (x, *params.values())}
+        saved: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage._cdata not in skip:
+                saved[storage._cdata] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            torch.func.functional_call(block, params, (x,))
+    return sum(saved.values())
+
+
+def stage_params(cfg: ModelConfig, layers: tuple[int, ...]) -> list[int]:
+    """Parameters per stage: stage 0 the embeddings, the last ln_f and (when it is not stage 0) a
+    copy of the tied embedding as the LM head."""
+    C = cfg.n_embd
+    wte, wpe = cfg.padded_vocab_size * C, cfg.n_positions * C
+    counts = [n * cfg.block_params for n in layers]
+    counts[0] += wte + wpe
+    counts[-1] += 2 * C + (wte if len(layers) > 1 else 0)
+    return counts
+
+
+def build_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None,
+               zero: int, activation_bytes: int | None = None, replicas: int | None = None,
+               micro_batches: int | None = None) -> list[StagePlan]:
+    """One StagePlan per stage, for the layout at full size unless `replicas` (processes per stage)
+    and `micro_batches` (per update and process) say what runs; `activation_bytes` (one block, one
+    micro-batch) is measured with `block_activation_bytes` when not given."""
+    layers = tuple(cfg.layers_per_ipu) if cfg.layers_per_ipu else (model_cfg.n_layer,)
+    S = len(layers)
+    R = replicas or cfg.replication_factor
+    M = micro_batches or cfg.gradient_accumulation
+    B, T, C, V = cfg.batch_size, cfg.max_len, model_cfg.n_embd, model_cfg.padded_vocab_size
+    act = activation_bytes if activation_bytes is not None else \
+        block_activation_bytes(model_cfg, B, T, device, dtype)
+    gathered = 2 if dtype is not None else 4  # FSDP2 gathers half-precision copies in bf16/fp16 runs
+    residual = B * T * C * 4  # the residual stream (a block's input) stays fp32 under autocast
+    recompute = cfg.recompute_checkpoint_every_layer or bool(cfg.recompute_checkpoint_layers)
+    offload = bool(cfg.optimizer_state_offchip)
+    plans = []
+    for s, (n, P) in enumerate(zip(layers, stage_params(model_cfg, layers))):
+        weights = 4 * P
+        if zero == 3:
+            weights = 4 * P / R + 2 * gathered * model_cfg.block_params
+        elif zero == 2:
+            weights = 4 * P / R + gathered * P
+        grads = 4 * P / (R if zero >= 2 else 1)
+        moments = 8 * P / (R if zero >= 1 else 1)
+        host = (moments + 4 * P / (R if zero >= 1 else 1)) if offload else 0.0
+        in_flight = 1 if S == 1 else (M if cfg.pipeline_schedule == "GPipe" else min(M, S - s))
+        per_micro = n * (residual if recompute else act)
+        if s == 0:
+            per_micro += 2 * residual  # embedding sum and its dropout
+        activations = in_flight * per_micro + (act if recompute and n else 0)
+        head = 0.0
+        if s == S - 1:
+            rows = B * T if cfg.lm_loss == "plain" else min(B * T, LossChunking(
+                cfg.serialized_seq_len if cfg.enable_sequence_serialized else None,
+                cfg.embedding_serialization_factor).rows(model_cfg.vocab_size))
+            width = V if cfg.lm_loss == "plain" else -(-model_cfg.vocab_size // cfg.embedding_serialization_factor)
+            head = (3 if cfg.lm_loss == "plain" else 2) * 4 * rows * width
+        plans.append(StagePlan(s, n, P, weights, grads, 0.0 if offload else moments, activations, head, host))
+    return plans
+
+
+def stage_flops(cfg: ModelConfig, layers: tuple[int, ...], seq_len: int) -> list[float]:
+    """Training FLOPs per token of each stage: its blocks (matmuls and attention) and, on the
+    last stage, the LM head (2 V C forward, 3x with backward), which weighs as much as several blocks."""
+    C, F = cfg.n_embd, cfg.inner_dim
+    block = 6 * (4 * C * C + 2 * C * F) + 12 * C * seq_len
+    head = 6 * cfg.vocab_size * C
+    flops = [n * block for n in layers]
+    flops[-1] += head
+    return flops
+
+
+def balanced_layers(cfg: ModelConfig, stages: int, seq_len: int) -> tuple[int, ...]:
+    """The `--layers-per-ipu` split (blocks per stage, in order) whose slowest stage has the least
+    compute, the LM head counted on the last stage."""
+    L = cfg.n_layer
+    best: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
+
+    def solve(first_block: int, stage: int) -> tuple[float, tuple[int, ...]]:
+        """(max stage FLOPs, split) for blocks first_block.. over stages stage.."""
+        if (first_block, stage) in best:
+            return best[(first_block, stage)]
+        left = L - first_block
+        if stage == stages - 1:
+            result = (stage_flops(cfg, (0,) * stage + (left,), seq_len)[-1], (left,))
+        else:
+            result = min(((max(stage_flops(cfg, (n, 0), seq_len)[0], rest[0]), (n,) + rest[1])
+                          for n in range(left + 1) for rest in [solve(first_block + n, stage + 1)]),
+                         key=lambda r: r[0])
+        best[(first_block, stage)] = result
+        return result
+
+    return solve(0, 0)[1]
+
+
+def print_compute_balance(cfg: ModelConfig, layers: tuple[int, ...], seq_len: int) -> None:
+    """Each stage's share of the compute, and the split that balances it when this one does not."""
+    flops = stage_flops(cfg, layers, seq_len)
+    log.info("Compute per stage (share of the step): " + ", ".join(
+        f"stage {s} {100 * f / sum(flops):.0f}%" for s, f in enumerate(flops)))
+    balanced = balanced_layers(cfg, len(layers), seq_len)
+    if balanced != layers:
+        even = stage_flops(cfg, balanced, seq_len)
+        log.info(f"Balanced compute: --layers-per-ipu {' '.join(map(str, balanced))} (slowest stage "
+                 f"{100 * max(even) / sum(even):.0f}% of the step instead of {100 * max(flops) / sum(flops):.0f}%)")
+
+
+def device_capacity(device: torch.device) -> tuple[float, str]:
+    """(bytes, description) of what one process may use: the GPU's memory, or the host's available memory."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return float(props.total_memory), f"{props.name} ({props.total_memory / GiB:.1f} GiB)"
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+    return float(info.get("MemAvailable", 0)), f"host memory ({info.get('MemAvailable', 0) / GiB:.1f} GiB available)"
+
+
+def print_plan(plans: list[StagePlan], title: str) -> None:
+    log.info(title)
+    log.info("  stage  blocks  params   weights   grads  optimizer  activations  LM head   device  (GiB; host)")
+    for p in plans:
+        log.info(f"  {p.stage:>5}  {p.blocks:>6}  {p.params / 1e6:>5.0f}M  {p.weights / GiB:>8.2f}  "
+                 f"{p.grads / GiB:>6.2f}  {p.optimizer / GiB:>9.2f}  {p.activations / GiB:>11.2f}  {p.head / GiB:>7.2f}  "
+                 f"{p.device_total / GiB:>7.2f}" + (f"  host {p.host / GiB:.2f}" if p.host else ""))
+
+
+def run_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None,
+             zero: int) -> int:
+    """--plan: print the plan and whether a process fits this machine's device; exit code 0."""
+    plans = build_plan(cfg, model_cfg, device, dtype, zero)
+    S, R = len(plans), cfg.replication_factor
+    print_plan(plans, f"Memory plan per process: {S} stage(s) x {R} replica(s) = {S * R} process(es), micro-batch "
+                      f"{cfg.batch_size} x {cfg.max_len}, {cfg.gradient_accumulation} micro-batches per update, "
+                      f"ZeRO {zero}, activations measured on {device.type}")
+    # Pipelined: rank 0 also keeps the whole model (fp32 weights) for sampling and checkpoints.
+    whole = 4 * sum(stage_params(model_cfg, (model_cfg.n_layer,))) if S > 1 else 0
+    need = max(max(p.device_total for p in plans), plans[0].device_total + whole)
+    if S > 1:
+        print_compute_balance(model_cfg, tuple(p.blocks for p in plans), cfg.max_len)
+        log.info(f"Rank 0 (stage 0 of replica 0) also keeps the whole model's weights for validation, sampling "
+                 f"and checkpoints: +{whole / GiB:.2f} GiB, {(plans[0].device_total + whole) / GiB:.2f} GiB in all")
+    have, what = device_capacity(device)
+    if device.type == "cuda":
+        verdict = "fits" if need < 0.9 * have else "does not fit"
+        log.info(f"Largest process: {need / GiB:.2f} GiB of {what}: {verdict} (with ~10% for the CUDA context "
+                 "and allocator)")
+    else:
+        total = sum(p.device_total + p.host for p in plans) * R + whole
+        verdict = "fits" if total < have else "does not fit"
+        log.info(f"All {S * R} process(es) on this host: {total / GiB:.2f} GiB of {what}: {verdict}")
+    if verdict == "does not fit":
+        log.info("To shrink it: --recompute-checkpoint-every-layer true, --zero-stage 3 (or "
+                 "--replicated-tensor-sharding true), --optimizer-state-offchip true, more stages "
+                 "(--layers-per-ipu), or a smaller --batch-size with more --gradient-accumulation")
+    return 0

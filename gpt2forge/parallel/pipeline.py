@@ -1,0 +1,376 @@
+"""Pipeline stages (`--layers-per-ipu`) in their own processes, on torch.distributed.pipelining.
+
+Process grid: global rank = replica * stages + stage, so a replica's stages are neighbouring ranks
+and each stage's replicas form a data-parallel group: after the schedule's backward their gradients
+are averaged in one flat all-reduce per stage (DDP's reducer does not support GPipe's
+all-forwards-then-all-backwards order under no_sync). Stage 0 holds the
+embeddings and its blocks; the last stage holds `ln_f` and, as the LM head, a copy of the tied word
+embedding. After each update's backward the two copies' gradients are summed between the first
+and the last stage (Megatron's tied-embedding all-reduce), so both receive the same update and stay
+equal. Gradients are exactly those of one process running the whole model.
+
+Every rank builds the whole model (same seed, same weights) and keeps the blocks of its stage
+(the others move to the meta device: no memory); rank 0 (stage 0 of replica 0) keeps a whole
+model and gathers the other stages' weights into it before sampling, zero-shot evaluation or
+saving, so those run unchanged on one whole model. Validation runs through the pipeline itself
+(the schedule's forward-only pass).
+
+ZeRO-2/3 inside the stages (`--zero-stage 2|3` with replicas): each stage is sharded with FSDP2
+across its replicas (every block one unit, the stage the root), the schedule runs FSDP's
+reduce-scatter once per update, and the tied-embedding sum and the gradient norm work on the local
+shards (the first and last stage shard the embedding alike). Rank 0's stage is then a copy of its
+part of the whole model, so the whole model stays plain for evaluation and saving.
+"""
+
+from __future__ import annotations
+
+import copy as copy_module
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gpt2forge.core import log
+from gpt2forge.parallel.distributed import fsdp_options
+from gpt2forge.parallel.topology import Layout
+from gpt2forge.model.gpt2 import GPT2LMHeadModel, head_loss
+from gpt2forge.parallel.optimizer_state import load_named_state, merge_named, model_group_names, named_state, to_cpu, to_indexed, to_named
+
+HEAD_COPY = "lm_head.weight"
+"""The last stage's copy of `transformer.wte.weight` (the tied LM head)."""
+WTE = "transformer.wte.weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """This process's place in the (replicas x stages) process grid."""
+
+    stages: int
+    replicas: int
+    rank: int
+
+    @property
+    def stage(self) -> int:
+        return self.rank % self.stages
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.stages
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+class StageModule(nn.Module):
+    """The part of the model one stage runs; parameter names are the whole model's (blocks keep
+    their indices: `transformer.h.5...`), except the last stage's head copy (`lm_head.weight`)."""
+
+    def __init__(self, model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool, compiled: bool = False,
+                 copy: bool = False):
+        """`copy`: the stage gets copies of the model's modules instead of sharing them."""
+        super().__init__()
+        t = model.transformer
+        take = copy_module.deepcopy if copy else (lambda m: m)
+        self.first, self.last = first, last
+        self.transformer = nn.Module()
+        if first:
+            self.transformer.wte, self.transformer.wpe, self.transformer.drop = take(t.wte), take(t.wpe), t.drop
+        self.transformer.h = nn.ModuleDict({str(i): take(t.h[i]) for i in blocks})
+        # torch.compile per block, as torchtitan does for pipeline stages: the blocks share one graph,
+        # and the wrappers stay outside the module tree (names, state dicts and the whole model on rank
+        # 0, which evaluates eagerly, are untouched).
+        self.run_blocks = [torch.compile(b) if compiled else b for b in self.transformer.h.values()]
+        if last:
+            self.transformer.ln_f = take(t.ln_f)
+            # The first stage's embedding itself when one stage is both, else an equal copy.
+            self.lm_head = TiedHead(self.transformer.wte.weight if first else
+                                    nn.Parameter(t.wte.weight.detach().clone()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Stage 0: ids (B, T) -> hidden (B, T, C); later stages: hidden -> hidden (after ln_f on the last)."""
+        if self.first:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.transformer.drop(self.transformer.wte(x) + self.transformer.wpe(positions))
+        for block in self.run_blocks:
+            x = block(x)
+        return self.transformer.ln_f(x) if self.last else x
+
+
+class TiedHead(nn.Module):
+    """The last stage's LM head and loss, a module of its own so that FSDP2 can gather its weight
+    when the schedule's loss function calls it (outside the stage's forward)."""
+
+    def __init__(self, weight: nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, vocab: int, chunking) -> tuple[torch.Tensor, ...]:
+        return head_loss(hidden, self.weight, labels, vocab, chunking)
+
+
+class StageLoss:
+    """The pipeline's loss_fn on the last stage: the model's LM loss with the head copy, scaled by
+    `scale` (loss scale x replicas / global tokens); records (loss sum, correct, tokens) per call."""
+
+    def __init__(self, module: StageModule, model: GPT2LMHeadModel):
+        self.module, self.vocab, self.chunking = module, model.config.vocab_size, model.fused_loss
+        self.scale = 1.0
+        self.records: list[torch.Tensor] = []
+
+    def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss_sum, correct, tokens = self.module.lm_head(hidden, labels, self.vocab, self.chunking)
+        self.records.append(torch.stack([loss_sum.detach().float(), correct.float(), tokens.float()]))
+        return loss_sum * self.scale
+
+
+class Pipeline:
+    """One stage of the pipelined model with its schedule; built on every rank of the grid."""
+
+    def __init__(self, model: GPT2LMHeadModel, layout: Layout, grid: Grid, device: torch.device, schedule: str,
+                 micro_batches: int, compiled: bool = False, zero: int = 0, offload: bool = False,
+                 param_dtype: torch.dtype | None = None):
+        """zero 2|3: FSDP2 inside each stage across its replicas (`offload`, `param_dtype`: see
+        distributed.fsdp_options)."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        self.grid, self.layout, self.model = grid, layout, model
+        # Every rank creates every group, in the same order (a torch.distributed rule).
+        S, R = grid.stages, grid.replicas
+        pp_groups = [dist.new_group(list(range(r * S, (r + 1) * S))) for r in range(R)]
+        dp_groups = [dist.new_group(list(range(s, S * R, S))) for s in range(S)] if R > 1 else [None] * S
+        tie_groups = [dist.new_group([r * S, r * S + S - 1]) for r in range(R)]
+        self.tie_group = tie_groups[grid.replica]
+        self.pp_group = pp_groups[grid.replica]
+        self.stage_of_layer = layout.stage_of_layer()
+        blocks = [i for i, s in enumerate(self.stage_of_layer) if s == grid.stage]
+        self.dp_group = dp_groups[grid.stage]
+        self.fsdp = zero >= 2 and R > 1
+        self.module = StageModule(model, blocks, grid.first, grid.last, compiled,
+                                  copy=self.fsdp and grid.rank == 0).to(device)
+        if self.fsdp:
+            self._shard(device, zero, offload, param_dtype)
+        if grid.rank != 0:  # after sharding: the whole model's head re-ties to the sharded embedding
+            self._release_other_stages(blocks)
+        self.loss = StageLoss(self.module, model)
+        stage = PipelineStage(self.module, grid.stage, S, device, group=self.pp_group)
+        cls = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
+        # scale_grads=False: the loss is already divided by the global token count.
+        self.schedule = cls(stage, micro_batches, loss_fn=self.loss, scale_grads=False)
+        self.micro_batches = micro_batches
+        self.aliases = {HEAD_COPY: WTE} if grid.last and not grid.first else {}
+
+    def _release_other_stages(self, blocks: list[int]) -> None:
+        """Free the weights this rank never uses (shapes stay, for the optimizer state's names)."""
+        t = self.model.transformer
+        unused = [b for i, b in enumerate(t.h) if i not in blocks]
+        if not self.grid.first:
+            unused += [t.wte, t.wpe]
+        if not self.grid.last:
+            unused.append(t.ln_f)
+        for module in unused:
+            module.to("meta")
+        self.model.lm_head.weight = t.wte.weight  # re-tie: moving made a new parameter
+
+    def _shard(self, device: torch.device, zero: int, offload: bool, param_dtype: torch.dtype | None) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        options = fsdp_options(DeviceMesh.from_group(self.dp_group, device.type), zero, offload, param_dtype)
+        for block in self.module.transformer.h.values():
+            fully_shard(block, **options)
+        if self.grid.last:
+            fully_shard(self.module.lm_head, **options)
+        fully_shard(self.module, **options)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """This stage's parameters counted in the global gradient norm (the head copy is stage 0's
+        embedding, counted there)."""
+        return [p for n, p in self.module.named_parameters() if p.requires_grad and n not in self.aliases]
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+        """Forward and backward of one update's micro-batches (x, y: (micro-batches * B, T), split
+        along dim 0). Returns (3,) loss sum, correct, tokens (non-zero on the last stage only)."""
+        totals = self._run(self.schedule.step, x, y, scale)
+        self._average_replicas()
+        self._sum_tied_gradients()
+        return totals
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Forward only, through the pipeline, of micro-batches * B rows; returns (3,) loss sum,
+        correct, tokens (non-zero on the last stage only)."""
+        return self._run(self.schedule.eval, x, y, 1.0)
+
+    def _run(self, schedule_call, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+        """One pass of the schedule (`step` or `eval`): stage 0 feeds x, the last stage scores y."""
+        self.loss.scale = scale
+        self.loss.records = []
+        if self.grid.first:
+            schedule_call(x)
+        elif self.grid.last:
+            schedule_call(target=y)
+        else:
+            schedule_call()
+        # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
+        real = self.loss.records[-self.micro_batches:]
+        return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
+
+    def _average_replicas(self) -> None:
+        if self.grid.replicas == 1 or self.fsdp:  # FSDP2's reduce-scatter averaged them
+            return
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.grid.replicas
+        for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(avg)
+
+    def _sum_tied_gradients(self) -> None:
+        if self.grid.stages == 1:
+            return
+        # Under FSDP2 both copies are sharded alike across the replicas: the local shards pair up.
+        if self.grid.first:
+            dist.all_reduce(_local(self.module.transformer.wte.weight.grad), group=self.tie_group)
+        elif self.grid.last:
+            dist.all_reduce(_local(self.module.lm_head.weight.grad), group=self.tie_group)
+
+    def report_peak_memory(self, peak_gib: float) -> None:
+        """Print every stage's measured peak memory (of a step) on rank 0; a collective of all ranks."""
+        peaks: list = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, peak_gib)
+        log.info("Stage peak memory: " + ", ".join(f"stage {s} {peaks[s]:.2f} GiB" for s in range(self.grid.stages)))
+
+    # -- whole-model views on rank 0 ---------------------------------------------------------------
+    def owner(self, name: str) -> int:
+        """The stage holding the whole model's state entry `name`."""
+        if name.startswith("transformer.h."):
+            return self.stage_of_layer[int(name.split(".")[2])]
+        if name.startswith("transformer.ln_f."):
+            return self.grid.stages - 1
+        return 0
+
+    def gather_weights(self) -> None:
+        """Copy every stage's current weights of replica 0 into rank 0's whole model (a collective of
+        replica 0's stages, and of every replica when the stages are sharded)."""
+        if self.grid.replica != 0 and not self.fsdp:
+            return
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                if name == HEAD_COPY:
+                    continue  # the whole model's head is its embedding
+                src = self.owner(name)
+                if self.grid.stage == src:
+                    full = _full(self.module.get_parameter(name)) if self.fsdp else tensor
+                    if self.grid.replica == 0 and src != 0:
+                        dist.send(full.contiguous(), dst=0)
+                    elif self.grid.rank == 0 and self.fsdp:
+                        tensor.copy_(full)
+                elif self.grid.rank == 0:
+                    buf = torch.empty_like(tensor)
+                    dist.recv(buf, src=src)
+                    tensor.copy_(buf)
+            self._check_tied_copies()
+
+    def _check_tied_copies(self) -> None:
+        """The last stage's head copy must equal stage 0's embedding (same gradients, same updates);
+        a difference is a bug, never silently saved."""
+        if self.grid.stages == 1:
+            return
+        if self.grid.last:
+            head = _full(self.module.lm_head.weight.detach())
+            if self.grid.replica == 0:
+                dist.send(head.contiguous(), dst=0)
+        elif self.grid.rank == 0:
+            wte = self.model.transformer.wte.weight.detach()
+            head = torch.empty_like(wte)
+            dist.recv(head, src=self.grid.stages - 1)
+            if not torch.equal(head, wte):
+                raise RuntimeError(f"pipeline: the last stage's LM head differs from stage 0's embedding "
+                                   f"(max |diff| {float((head - wte).abs().max()):.3g}); the tied copies diverged")
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The whole model's indexed optimizer state on rank 0 (None elsewhere); a collective."""
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        if isinstance(optimizer, ZeroRedundancyOptimizer):  # each stage's shards to its replica 0
+            optimizer.consolidate_state_dict(to=0)
+        if self.fsdp:  # every replica joins the gathering of its stage's shards
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            named = get_optimizer_state_dict(self.module, optimizer, options=StateDictOptions(full_state_dict=True))
+            part = to_cpu(_renamed(named, self.aliases))
+        if self.grid.replica != 0:
+            return None
+        if not self.fsdp:
+            part = to_cpu(named_state(optimizer, self.module, self.aliases))
+        parts = [None] * self.grid.stages if self.grid.first else None
+        dist.gather_object(part, parts, dst=0, group=self.pp_group)
+        if not self.grid.first:
+            return None
+        return to_indexed(merge_named(parts), model_group_names(self.model))
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, indexed: dict) -> None:
+        """Load a whole-model indexed optimizer state (any layout's checkpoint) into this stage's optimizer."""
+        named = to_named(indexed, model_group_names(self.model))
+        if self.fsdp:  # every rank holds the whole state: each keeps its parameters' shards of it
+            from torch.distributed.tensor import DTensor, distribute_tensor
+
+            params = {self.aliases.get(n, n): p for n, p in self.module.named_parameters()}
+
+            def shard(value, p):
+                if not (isinstance(p, DTensor) and torch.is_tensor(value) and value.dim() > 0):
+                    return value
+                return distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+
+            named = {**named, "state": {m: {k: shard(v, params[m]) for k, v in entry.items()} if m in params else entry
+                                        for m, entry in named["state"].items()}}
+        load_named_state(optimizer, self.module, named, self.aliases)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (a collective of its mesh), else the tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _renamed(named: dict, aliases: dict[str, str]) -> dict:
+    """A named optimizer state with stage names replaced by the whole model's."""
+    return {"state": {aliases.get(n, n): v for n, v in named["state"].items()},
+            "param_groups": [{**g, "params": [aliases.get(n, n) for n in g["params"]]} for g in named["param_groups"]]}
+
+
+def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], max_norm: float | None,
+                   replicas: int) -> float:
+    """The global gradient norm over all stages, clipped to `max_norm` unless it is None: each
+    stage's squared norm summed over the world (replicas hold equal gradients after their
+    all-reduce, so the sum counts each stage `replicas` times; pass 1 when FSDP2 shards them)."""
+    grads = [_local(p.grad) for p in norm_params if p.grad is not None]
+    device = _local(params[0]).device
+    sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
+    dist.all_reduce(sq)
+    total = float((sq / replicas).sqrt())
+    coef = max_norm / (total + 1e-6) if max_norm is not None else 1.0
+    if coef < 1.0:
+        torch._foreach_mul_([_local(p.grad) for p in params if p.grad is not None], coef)
+    return total
+
+
+def all_finite(finite: bool, device: torch.device) -> bool:
+    """True when every rank's gradients were finite (fp16 loss scaling must skip everywhere or nowhere)."""
+    flag = torch.tensor([0.0 if finite else 1.0], device=device)
+    dist.all_reduce(flag)
+    return bool(flag.item() == 0)

@@ -1,0 +1,149 @@
+"""Command line -> TrainConfig. The parser is generated from the dataclass fields, so a flag, its
+type, its --help line and its validation live in one place (`train_config.py`).
+
+Booleans take the reference's syntax: `--flag` alone means True, `--flag True|False|yes|no|1|0`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpt2forge.core.errors import UsageError
+from gpt2forge.train.config import TrainConfig, flag
+
+_TRUE = {"true", "t", "1", "yes", "y"}
+_FALSE = {"false", "f", "0", "no", "n"}
+
+
+def str_to_bool(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    v = str(value).lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
+
+
+def _scalar_type(tp: Any) -> type:
+    """int | None -> int, etc."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if args else tp
+
+
+def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
+    """The trainer's parser. Defaults are SUPPRESSed so the merge knows which flags were given."""
+    parser = argparse.ArgumentParser(
+        prog=prog, argument_default=argparse.SUPPRESS,
+        description="Pretrain GPT-2 on CPUs and CUDA GPUs (Graphcore GPT-2 application flags).")
+    parser.add_argument("--config", help="(new) JSON or YAML file of flag values; the command line wins")
+    parser.add_argument("--train-path", dest="train_path",
+                        help="(old) generated | a .pkl path | tfrecord (with --tfrecord-path GLOB) | dynamic "
+                             "(mmap, with --data-prefix PREFIX); sets --dataset (and --input-files for a .pkl)")
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata
+        names = [f"--{flag(f.name)}", *meta.get("aliases", ())]
+        default = f.default
+        help_text = f"{meta['help']} (default: {default})"
+        kind = meta.get("kind")
+        kw: dict[str, Any] = {"dest": f.name, "help": help_text}
+        if kind == "bool":
+            kw.update(type=str_to_bool, nargs="?", const=True, metavar="BOOL")
+        elif kind in ("list_int", "list_float", "list_str"):
+            kw.update(type={"list_int": int, "list_float": float, "list_str": str}[kind], nargs="+")
+        else:
+            kw["type"] = _scalar_type(hints[f.name])
+        if "choices" in meta:
+            kw["choices"] = meta["choices"]
+        parser.add_argument(*names, **kw)
+    return parser
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """A JSON/YAML mapping of field or flag names to values."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--config {path}: file not found")
+    text = p.read_text()
+    try:
+        if p.suffix in (".yml", ".yaml"):
+            import yaml
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # yaml and json raise different types; both mean "not parseable"
+        raise UsageError(f"--config {path}: cannot parse ({type(exc).__name__}); fix the file") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of flag names to values")
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = {}
+    for key, value in data.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in names:
+            raise UsageError(f"--config {path}: unknown key {key!r}; keys are the trainer's flag names")
+        out[name] = value
+    return out
+
+
+def _apply_train_path(given: dict[str, Any]) -> None:
+    """The pre-SDK-3.0 `--train-path`: 'generated', a tfrecord pattern, 'dynamic' (mmap) or a .pkl."""
+    value = given.pop("train_path", None)
+    if value is None:
+        return
+    if value == "generated":
+        given.setdefault("dataset", "generated")
+    elif "tfrecord" in value:
+        given.setdefault("dataset", "tfrecord")
+    elif "dynamic" in value:
+        given.setdefault("dataset", "mmap")
+    else:
+        given.setdefault("dataset", "pickle")
+        given.setdefault("input_files", [value])
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """defaults < --config file < command line; raises UsageError for invalid combinations.
+
+    argparse itself reports unknown flags and bad values (exit code 2, one line + usage).
+    """
+    parser = build_parser()
+    given = vars(parser.parse_args(sys.argv[1:] if argv is None else list(argv)))
+    _apply_train_path(given)
+    merged: dict[str, Any] = {}
+    config_file = given.pop("config", None)
+    if config_file:
+        merged.update(load_config_file(config_file))
+    merged.update(given)
+    _coerce_file_values(merged)
+    return TrainConfig(**merged)
+
+
+def _coerce_file_values(values: dict[str, Any]) -> None:
+    """Values from a config file arrive as YAML/JSON types: apply the flags' types to them."""
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in values or values[f.name] is None:
+            continue
+        v = values[f.name]
+        kind = f.metadata.get("kind")
+        try:
+            if kind == "bool":
+                values[f.name] = str_to_bool(v)
+            elif kind in ("list_int", "list_float", "list_str"):
+                elem = {"list_int": int, "list_float": float, "list_str": str}[kind]
+                values[f.name] = [elem(x) for x in (v if isinstance(v, list) else str(v).split())]
+            else:
+                values[f.name] = _scalar_type(hints[f.name])(v)
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            raise UsageError(f"--{flag(f.name)}: invalid value {v!r}") from None
+        choices = f.metadata.get("choices")
+        if choices and values[f.name] not in choices:
+            raise UsageError(f"--{flag(f.name)} {v!r} is not one of {', '.join(choices)}")

@@ -1,0 +1,442 @@
+"""Optimizers and learning-rate schedules (reference section 5.2 and 5.3).
+
+What `--optimizer` builds:
+
+| name                   | class                        | weight decay             |
+|------------------------|------------------------------|--------------------------|
+| `AdamW` (default)      | `torch.optim.AdamW`          | decoupled                |
+| `Adam`                 | `torch.optim.Adam`           | coupled L2 (as PopTorch) |
+| `LAMB`                 | `Lamb(bias_correction=True)` | decoupled, inside trust  |
+| `LAMBNoBiasCorrection` | `Lamb(bias_correction=False)`| decoupled, inside trust  |
+
+The reference's PopTorch AdamW ran with `bias_correction=False`; torch's AdamW always corrects the
+bias. The two differ early in training only: the correction fades over ~1/(1-beta2) = 1000 updates.
+
+Weight decay applies to parameters with two or more dimensions only; biases and LayerNorm
+parameters are never decayed. There is no gradient clipping (the reference has none).
+
+The LR schedule is a multiplier of the peak LR per optimizer update, stepped once after every
+update, so the first update runs at the step-0 multiplier (0 when there is warm-up).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from collections.abc import MutableMapping
+from typing import Iterable
+
+import torch
+
+from gpt2forge.core.errors import UsageError
+
+OPTIMIZERS = ("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection")
+SCHEDULES = ("constant", "linear", "cosine")
+
+# Device types with fused Adam/AdamW kernels in torch 2.x; anything else uses foreach.
+_FUSED_DEVICE_TYPES = ("cpu", "cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter groups and optimizer construction
+# ---------------------------------------------------------------------------------------------
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Split the trainable parameters of `model` into a decayed and a non-decayed group.
+
+    Args:
+        model: any module; tied parameters (e.g. `lm_head.weight is transformer.wte.weight`)
+            are listed once, because `named_parameters()` de-duplicates by identity.
+        weight_decay: decay for parameters with `ndim >= 2` (matmul and embedding weights).
+
+    Returns:
+        `[{"params": [ndim >= 2 ...], "weight_decay": weight_decay},
+          {"params": [ndim < 2 ...], "weight_decay": 0.0}]`, both always present (possibly empty)
+        so group 0 is always the decayed one. Parameters with `requires_grad=False` are left out.
+    """
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def _can_fuse(params: Iterable[torch.Tensor], device_type: str) -> bool:
+    """True when torch's fused Adam/AdamW kernel accepts every parameter."""
+    if device_type not in _FUSED_DEVICE_TYPES:
+        return False
+    return all(p.device.type in _FUSED_DEVICE_TYPES and torch.is_floating_point(p) for p in params)
+
+
+def build_optimizer(
+    model: torch.nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-6,
+    device_type: str = "cpu",
+    offload: bool = False,
+    shard: bool = False,
+    shard_group=None,
+) -> torch.optim.Optimizer:
+    """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`.
+
+    Args:
+        model: the (already placed) model whose trainable parameters are optimized.
+        name: one of `OPTIMIZERS`.
+        lr: peak learning rate (`--learning-rate`); schedules scale it.
+        weight_decay: `--weight-decay`, applied to `ndim >= 2` parameters only.
+        betas, eps: Adam moment decay rates and denominator epsilon (reference: eps 1e-6).
+        device_type: `"cpu"`, `"cuda"`, ...; Adam/AdamW use the fused kernel when the device
+            type and every parameter dtype support it, else the foreach implementation.
+        offload: keep the state and run the update in host memory (`OffloadedOptimizer`).
+        shard: shard the state across the data-parallel ranks (ZeRO-1, needs torch.distributed).
+        shard_group: the process group of those ranks (default: all ranks).
+
+    Raises:
+        UsageError: unknown `name`, negative `lr` or `weight_decay`.
+    """
+    if name not in OPTIMIZERS:
+        raise UsageError(f"--optimizer {name} is not supported; choose one of {', '.join(OPTIMIZERS)}")
+    if lr < 0:
+        raise UsageError(f"--learning-rate {lr} is negative; pass a value >= 0")
+    if weight_decay < 0:
+        raise UsageError(f"--weight-decay {weight_decay} is negative; pass a value >= 0")
+
+    if name in ("AdamW", "Adam"):
+        cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
+        hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    else:
+        cls = Lamb
+        hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=name == "LAMB")
+
+    def make(groups: list[dict], device_type: str) -> torch.optim.Optimizer:
+        impl = {}
+        if cls is not Lamb:  # fused and foreach are mutually exclusive in torch; pass exactly one of them
+            fused = _can_fuse((p for g in groups for p in g["params"]), device_type)
+            impl = {"fused": True} if fused else {"foreach": True}
+        return cls(groups, **hyper, **impl)
+
+    def local(groups: list[dict], **_hyper) -> torch.optim.Optimizer:
+        """The optimizer of the parameters this process updates (ZeRO-1 passes its shard's groups)."""
+        if offload:
+            return OffloadedOptimizer(groups, lambda host_groups: make(host_groups, "cpu"))
+        return make(groups, device_type)
+
+    groups = param_groups(model, weight_decay)
+    if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only (on the host with offload)
+        return _zero1(groups, local, shard_group, hyper)
+    return local(groups)
+
+
+def _zero1(groups: list[dict], local, group, hyper: dict) -> torch.optim.Optimizer:
+    """ZeroRedundancyOptimizer whose `load_state_dict` leaves fused Adam's step counters on the
+    parameters' device (it moves every 0-dim state tensor to the CPU, which fused CUDA Adam refuses
+    on the next step: pytorch/pytorch#124133)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    class ZeroOptimizer(ZeroRedundancyOptimizer):
+        def load_state_dict(self, state_dict) -> None:
+            super().load_state_dict(state_dict)
+            for g in self.optim.param_groups:
+                if not g.get("fused"):
+                    continue
+                for p in g["params"]:
+                    step = self.optim.state.get(p, {}).get("step")
+                    if torch.is_tensor(step) and step.device != p.device:
+                        self.optim.state[p]["step"] = step.to(p.device, torch.float32)
+
+    return ZeroOptimizer(groups, optimizer_class=local, process_group=group, **hyper)
+
+
+class OffloadedOptimizer(torch.optim.Optimizer):
+    """An optimizer whose state and update live on `host` while the model lives on its device.
+
+    Each step copies the gradients to fp32 host copies of the parameters, runs the wrapped
+    optimizer there (its state is created on the host), and copies the updated values back. The
+    device then holds only parameters and gradients: for AdamW that saves 8 bytes per parameter
+    (the two moments), the ZeRO-offload use case of training a model bigger than device memory.
+
+    Outside it looks like an optimizer of the device parameters: `param_groups` hold them (LR
+    schedules set their hyper-parameters, copied to the host optimizer at each step), `state` is
+    keyed by them, and `state_dict` / `load_state_dict` are the host optimizer's (same indices),
+    so schedules, ZeRO-1 sharding (`ZeroRedundancyOptimizer` builds one per shard) and
+    checkpoints work unchanged; a checkpoint's optimizer state is host tensors.
+    """
+
+    def __init__(self, params: list[dict], build, host: torch.device = torch.device("cpu")):
+        """params: param groups as for torch.optim; build: host groups -> the wrapped optimizer."""
+        host_groups = []
+        pin = torch.cuda.is_available() and host.type == "cpu"
+        self.host_of: dict[torch.Tensor, torch.nn.Parameter] = {}
+        for group in params:
+            copies = []
+            for p in group["params"]:
+                h = p.detach().to(host, torch.float32, copy=True)
+                copies.append(torch.nn.Parameter(h.pin_memory() if pin else h))
+                self.host_of[p] = copies[-1]
+            host_groups.append({**group, "params": copies})
+        self.inner = build(host_groups)
+        self.host = host
+        # Optimizer.__init__ is not called: the groups mirror the host optimizer's, with device params.
+        self.defaults = self.inner.defaults
+        self.param_groups = [{**g, "params": list(src["params"])} for g, src in zip(self.inner.param_groups, params)]
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+
+    @property
+    def state(self) -> "_HostState":
+        return _HostState(self)
+
+    def _sync_hyper_parameters(self, src: list[dict], dst: list[dict]) -> None:
+        for s, d in zip(src, dst):
+            d.update({k: v for k, v in s.items() if k != "params"})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "OffloadedOptimizer does not take a closure"
+        self._sync_hyper_parameters(self.param_groups, self.inner.param_groups)
+        pairs = list(self.host_of.items())
+        for p, h in pairs:
+            h.grad = None if p.grad is None else p.grad.to(h.device, torch.float32, non_blocking=True)
+        for device in {p.device for p, _ in pairs if p.device.type == "cuda"}:
+            torch.cuda.synchronize(device)  # the non-blocking copies must land before the host update
+        self.inner.step()
+        for p, h in pairs:
+            p.copy_(h, non_blocking=True)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.host_of:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_dict(self):
+        self._sync_hyper_parameters(self.param_groups, self.inner.param_groups)
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.inner.load_state_dict(state_dict)
+        self._sync_hyper_parameters(self.inner.param_groups, self.param_groups)
+
+
+class _HostState(MutableMapping):
+    """`OffloadedOptimizer.state`: the host optimizer's state, keyed by the device parameters;
+    values set here (ZeRO-1 loading a shard's state) move to the host."""
+
+    def __init__(self, optimizer: OffloadedOptimizer):
+        self.opt = optimizer
+
+    def __getitem__(self, p):
+        return self.opt.inner.state[self.opt.host_of[p]]
+
+    def __setitem__(self, p, value) -> None:
+        host = self.opt.host
+        self.opt.inner.state[self.opt.host_of[p]] = {
+            k: v.to(host) if torch.is_tensor(v) else v for k, v in value.items()}
+
+    def __delitem__(self, p) -> None:
+        del self.opt.inner.state[self.opt.host_of[p]]
+
+    def __iter__(self):
+        return (p for p, h in self.opt.host_of.items() if h in self.opt.inner.state)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+# ---------------------------------------------------------------------------------------------
+# LAMB
+# ---------------------------------------------------------------------------------------------
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning"), as PopTorch's.
+
+    Per parameter w with gradient g at step t (1-based):
+
+        m = b1*m + (1-b1)*g                 v = b2*v + (1-b2)*g^2
+        m_hat = m / (1-b1^t)                v_hat = v / (1-b2^t)      (only if bias_correction)
+        u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w
+        r = min(||w||, max_weight_norm) / ||u||,  or 1 when either norm is 0
+        w = w - lr * r * u
+
+    Norms are per tensor, L2, computed in fp32. Parameters without a gradient are skipped and
+    their step counter does not advance. State per parameter: `step` (fp32 scalar tensor on the
+    CPU, as torch's own optimizers keep it), `exp_avg`, `exp_avg_sq` (parameter dtype/device),
+    so `state_dict()` / `load_state_dict()` round-trip exactly.
+
+    Updates use `torch._foreach_*` kernels over each group, bucketed by (device, dtype) so
+    parameters spread over several pipeline-stage devices still take the fast path.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        bias_correction: bool = True,
+        max_weight_norm: float | None = None,
+    ):
+        if lr < 0.0:
+            raise ValueError(f"Lamb: invalid lr {lr}; must be >= 0")
+        if eps < 0.0:
+            raise ValueError(f"Lamb: invalid eps {eps}; must be >= 0")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"Lamb: invalid betas {betas}; each must be in [0, 1)")
+        if weight_decay < 0.0:
+            raise ValueError(f"Lamb: invalid weight_decay {weight_decay}; must be >= 0")
+        if max_weight_norm is not None and max_weight_norm <= 0.0:
+            raise ValueError(f"Lamb: invalid max_weight_norm {max_weight_norm}; must be > 0 or None")
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            bias_correction=bias_correction,
+            max_weight_norm=max_weight_norm,
+        )
+        super().__init__(params, defaults)
+
+    def _bucket(self, group: dict) -> dict[tuple, dict[str, list]]:
+        """Collect (param, grad, state) lists of one group per (device, dtype); init state."""
+        buckets: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("Lamb does not support sparse gradients")
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            b = buckets[(p.device, p.dtype)]
+            b["params"].append(p)
+            b["grads"].append(p.grad)
+            b["exp_avgs"].append(state["exp_avg"])
+            b["exp_avg_sqs"].append(state["exp_avg_sq"])
+            b["steps"].append(state["step"])
+        return buckets
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Perform one update of every parameter that has a gradient; returns closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for bucket in self._bucket(group).values():
+                self._update(group, **bucket)
+        return loss
+
+    def _update(self, group, params, grads, exp_avgs, exp_avg_sqs, steps) -> None:
+        """Apply one LAMB step to tensors that share a device and dtype."""
+        beta1, beta2 = group["betas"]
+        torch._foreach_add_(steps, 1.0)  # steps live on the CPU: no device sync below
+
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = b1*m + (1-b1)*g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        if group["bias_correction"]:
+            ts = [s.item() for s in steps]
+            # sqrt(v / bc2) = sqrt(v) / sqrt(bc2); the bias correction of m divides u below.
+            torch._foreach_div_(denom, [math.sqrt(1.0 - beta2**t) for t in ts])
+        torch._foreach_add_(denom, group["eps"])
+        updates = torch._foreach_div(exp_avgs, denom)
+        if group["bias_correction"]:
+            torch._foreach_div_(updates, [1.0 - beta1**t for t in ts])
+        if group["weight_decay"] != 0.0:
+            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
+
+        # Trust ratio per tensor, kept on the device as one vector of len(params).
+        w_norm = torch.stack(torch._foreach_norm(params, 2, dtype=torch.float32))
+        u_norm = torch.stack(torch._foreach_norm(updates, 2, dtype=torch.float32))
+        if group["max_weight_norm"] is not None:
+            w_norm = w_norm.clamp(max=group["max_weight_norm"])
+        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        torch._foreach_mul_(updates, list(ratio.to(params[0].dtype).unbind(0)))
+        torch._foreach_add_(params, updates, alpha=-group["lr"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning-rate schedules
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_warmup_steps(total_steps: int, warmup_fraction: float, warmup_steps: int | None) -> int:
+    """Number of warm-up updates: `--lr-warmup-steps` if given, else `int(--lr-warmup * total)`.
+
+    Args:
+        total_steps: schedule length in optimizer updates (`--lr-decay-steps` or its default).
+        warmup_fraction: `--lr-warmup`, a fraction in [0, 1].
+        warmup_steps: `--lr-warmup-steps`, in [0, total_steps], or None.
+
+    Raises:
+        UsageError: either value out of range.
+    """
+    if not 0.0 <= warmup_fraction <= 1.0:
+        raise UsageError(f"--lr-warmup {warmup_fraction} is not a fraction; pass a value in [0, 1]")
+    if warmup_steps is None:
+        return int(warmup_fraction * total_steps)
+    if not 0 <= warmup_steps <= total_steps:
+        raise UsageError(
+            f"--lr-warmup-steps {warmup_steps} is outside [0, {total_steps}] (the schedule length); "
+            "pass a smaller value or raise --lr-decay-steps"
+        )
+    return int(warmup_steps)
+
+
+def _lr_multiplier(step: int, *, schedule: str, warmup: int, total: int) -> float:
+    """Peak-LR multiplier for 0-based update `step` (same values as Hugging Face's schedules)."""
+    if step < warmup:
+        return float(step) / float(max(1, warmup))
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return max(0.0, float(total - step) / float(max(1, total - warmup)))
+    # cosine: half a cosine period from 1 down to 0 over the decay phase (num_cycles = 0.5).
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * 0.5 * progress)))
+
+
+def build_lr_schedule(
+    optimizer: torch.optim.Optimizer, schedule: str, total_steps: int, warmup_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """LR schedule for `--lr-schedule`; call `scheduler.step()` once after every update.
+
+    Multiplier of the peak LR at 0-based update u (W = warmup_steps, N = total_steps):
+        warm-up (all schedules), u < W:  u / max(1, W)
+        constant:  1                                   (the reference ignored warm-up: fixed)
+        linear:    max(0, (N - u) / max(1, N - W))
+        cosine:    max(0, 0.5 * (1 + cos(pi * p))),  p = (u - W) / max(1, N - W)
+    These equal transformers' get_{constant,linear,cosine}_schedule_with_warmup.
+
+    Raises:
+        UsageError: unknown schedule (`--lr-schedule`), total_steps < 1 (`--lr-decay-steps`),
+            warmup_steps outside [0, total_steps] (`--lr-warmup-steps`).
+    """
+    if schedule not in SCHEDULES:
+        raise UsageError(f"--lr-schedule {schedule} is not supported; choose one of {', '.join(SCHEDULES)}")
+    if total_steps < 1:
+        raise UsageError(f"--lr-decay-steps {total_steps} must be >= 1; pass a positive number of updates")
+    if not 0 <= warmup_steps <= total_steps:
+        raise UsageError(
+            f"--lr-warmup-steps {warmup_steps} is outside [0, {total_steps}]; pass a value in that range"
+        )
+    # A partial (not a lambda) so LambdaLR.state_dict() can record it.
+    fn = functools.partial(_lr_multiplier, schedule=schedule, warmup=warmup_steps, total=total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

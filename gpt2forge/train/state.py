@@ -1,0 +1,185 @@
+"""A run's state beyond the weights: progress, checkpoints written and resumed under any layout,
+and the whole model gathered on rank 0 from pipeline stages or FSDP shards."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from gpt2forge.core import log
+from gpt2forge.model.checkpoint import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
+from gpt2forge.parallel.distributed import full_optimizer_state, load_sharded_optimizer_state, sharded_state
+from gpt2forge.core.errors import UsageError
+from gpt2forge.parallel.health import wait_for_rank0
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.parallel.optimizer_state import model_group_names, to_indexed, to_named
+from gpt2forge.train.config import TrainConfig
+from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE, asset_dir
+
+if TYPE_CHECKING:
+    from gpt2forge.train.step import Run
+
+
+@dataclasses.dataclass
+class Progress:
+    """Where the run is; saved in every checkpoint so a resumed run continues exactly."""
+
+    step: int = 0  # host steps done
+    epoch: int = 0  # 0-based epoch of the next step
+    step_in_epoch: int = 0  # host steps done in the current epoch
+    updates: int = 0  # optimizer updates done
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's random state: torch (CPU), Python, and its own GPU's when it runs on one."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    cuda = state.get("cuda")
+    if isinstance(cuda, list):  # older checkpoints kept every visible GPU's state
+        cuda = cuda[device.index or 0] if device is not None and (device.index or 0) < len(cuda) else None
+    if cuda is not None and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def gather_rng_states(device: torch.device) -> list[dict[str, Any]]:
+    """Every rank's random state, in rank order (a collective; one entry in a single process)."""
+    mine = rng_state(device)
+    if not dist.is_initialized():
+        return [mine]
+    states: list = [None] * dist.get_world_size()
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device, seed: int, step: int) -> None:
+    """Each rank takes its own saved random state (dropout masks continue as uninterrupted). A
+    checkpoint from another process count has no state for every rank: rank 0's is taken and the
+    others are reseeded from (seed, rank, step), so replicas still draw different masks."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    states = state.get("rng_ranks") or [state["rng"]]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    set_rng_state(states[rank] if len(states) == world else states[0], device)
+    if len(states) != world and rank:
+        torch.manual_seed(seed + 1_000_003 * rank + step)
+
+
+def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
+    """The one place checkpoints are written (rank 0; every rank joins the gathering of pipeline
+    stages and ZeRO-1 shards)."""
+    model = run.model
+    if run.pipeline is not None:
+        run.pipeline.gather_weights()
+        optimizer_state = run.pipeline.optimizer_state(run.optimizer)
+    elif run.fsdp:
+        model_state, named = sharded_state(run.model, run.optimizer)
+        if run.dist_env.is_main:
+            optimizer_state = to_indexed(named, model_group_names(run.model))
+            model = whole_model_from(model_state, run.model.config)
+    else:
+        optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
+    rngs = gather_rng_states(run.device)
+    if not run.dist_env.is_main:
+        wait_for_rank0()  # until rank 0 has written it
+        return
+    state = {
+        "progress": dataclasses.asdict(progress),
+        "optimizer": optimizer_state,
+        "lr_scheduler": run.scheduler.state_dict(),
+        "loss_scaler": run.scaler.state_dict(),
+        "rng": rngs[0],
+        "rng_ranks": rngs,
+        "metrics": metrics,
+    }
+    path = save_checkpoint(run.cfg.checkpoint_output_dir, name, model, state, run.cfg.to_dict(),
+                           extra_files=tokenizer_files(run.model.config.vocab_size,
+                                                       run.cfg.tokenizer_name_or_path))
+    log.info(f"saved checkpoint {path}")
+    if run.cfg.keep_checkpoints:
+        for old in prune_checkpoints(run.cfg.checkpoint_output_dir, run.cfg.keep_checkpoints):
+            log.info(f"removed checkpoint {old} (--keep-checkpoints {run.cfg.keep_checkpoints})")
+    wait_for_rank0()
+
+
+def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
+    """--auto-resume: resume from the latest checkpoint in --checkpoint-output-dir when there is one
+    (a requeued or restarted job); otherwise the run starts as its other flags say."""
+    if not cfg.auto_resume:
+        return cfg
+    latest = latest_checkpoint(cfg.checkpoint_output_dir)
+    if latest is None:
+        log.info(f"auto-resume: no checkpoint in {cfg.checkpoint_output_dir} yet; starting "
+                 + (f"from {cfg.checkpoint_input_dir}" if cfg.checkpoint_input_dir else "a new run"))
+        return cfg
+    log.info(f"auto-resume: continuing from {latest}")
+    return dataclasses.replace(cfg, checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
+
+
+def tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:
+    """The tokenizer files to ship inside a checkpoint: --tokenizer-name-or-path's when given, else
+    the GPT-2 BPE files (HF vocab.json/merges.txt) when they apply."""
+    if tokenizer_path:
+        from gpt2forge.text.tokenizer import tokenizer_files as files_of
+
+        return files_of(tokenizer_path)
+    files = {f: asset_dir() / f for f in (VOCAB_FILE, MERGES_FILE)}
+    if vocab_size != 50257 or not all(p.is_file() for p in files.values()):
+        return {}
+    return files
+
+
+def checkpoint_name(cfg: TrainConfig, progress: Progress, epoch_done: bool, last: bool) -> str | None:
+    if not cfg.checkpoint_output_dir:
+        return None
+    if epoch_done and progress.epoch % cfg.save_per_epochs == 0:
+        return f"epoch_{progress.epoch}"
+    if cfg.save_per_steps and progress.step % cfg.save_per_steps == 0:
+        return f"step_{progress.step}"
+    return f"step_{progress.step}" if last else None
+
+
+def resume(run: Run, ckpt_dir, progress: Progress) -> None:
+    state = load_training_state(ckpt_dir)
+    try:
+        if run.pipeline is not None:
+            run.pipeline.load_optimizer_state(run.optimizer, state["optimizer"])
+        elif run.fsdp:
+            load_sharded_optimizer_state(run.model, run.optimizer,
+                                         to_named(state["optimizer"], model_group_names(run.model)))
+        else:
+            run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["lr_scheduler"])
+        run.scaler.load_state_dict(state["loss_scaler"])
+        for k, v in state["progress"].items():
+            setattr(progress, k, v)
+        restore_rng_state(state, run.device, run.cfg.seed, progress.step)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        raise UsageError(f"{ckpt_dir}: training state does not fit this run ({type(exc).__name__}: {exc}); "
+                         "resume with the same --model and --optimizer") from None
+    log.info(f"resumed from {ckpt_dir} at step {progress.step} (epoch {progress.epoch})")
+
+
+def whole_model(run: Run) -> GPT2LMHeadModel | None:
+    """The current whole model on rank 0 (None elsewhere); a collective when sharded or pipelined."""
+    if run.pipeline is not None:
+        run.pipeline.gather_weights()
+    elif run.fsdp:
+        model_state, _ = sharded_state(run.model, run.optimizer)
+        return whole_model_from(model_state, run.model.config).to(run.device) if run.dist_env.is_main else None
+    return run.model if run.dist_env.is_main else None
+
+
+def whole_model_from(state: dict, config) -> GPT2LMHeadModel:
+    model = GPT2LMHeadModel(config)
+    model.load_state_dict(state)
+    return model

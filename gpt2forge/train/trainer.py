@@ -1,0 +1,315 @@
+"""The training loop: an orchestrator around `step.train_step`.
+
+Units: a *micro-batch* is --batch-size sequences; an *update* is one optimizer step over
+--gradient-accumulation micro-batches (per replica); a *host step* is --device-iterations updates
+and is what the step line, --save-per-steps, --training-steps and --log-steps count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+import time
+from typing import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from gpt2forge.core import log
+from gpt2forge.data import DataRequest, collate, load_datasets
+from gpt2forge.parallel.distributed import DistEnv, check_world, device_for, env_from_launcher, \
+    init_process_group, resolve_zero_stage, shard_model, shutdown, wrap_data_parallel
+from gpt2forge.core.errors import UsageError
+from gpt2forge.parallel.health import Watchdog, wait_for_rank0
+from gpt2forge.parallel.topology import Layout, build_layout, report_layout, stages_of
+from gpt2forge.train.memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
+from gpt2forge.train.metrics import StepMeter, device_peak
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.train.model_setup import build_model, maybe_sample, resolve_model_config
+from gpt2forge.train.observe import RunMonitor
+from gpt2forge.train.optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
+from gpt2forge.parallel.pipeline import Grid, Pipeline
+from gpt2forge.parallel.memory_plan import build_plan, print_compute_balance, print_plan, run_plan
+from gpt2forge.core.runtime import LossScaler, autocast_dtype, compile_enabled, configure_host_allocator, configure_matmul, \
+    maybe_compile, resolve_device, resolve_precision, synchronize
+from gpt2forge.train.step import Run, evaluate, train_step
+from gpt2forge.train.config import TrainConfig
+from gpt2forge.train.state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
+
+
+def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoch: int,
+                  shuffle: bool) -> Iterator[list[torch.Tensor]]:
+    """The optimizer updates left in the current epoch, each a list of `run.accumulation`
+    micro-batches on the device (streamed: one update's batches are held at a time).
+
+    The order is a permutation seeded by (seed, epoch), so it does not depend on where a run
+    was resumed; the DataLoader gets its own generator so it never draws from the global RNG.
+    """
+    B = run.cfg.batch_size
+    micro_per_step = run.accumulation * run.cfg.device_iterations
+    count = steps_per_epoch * micro_per_step * B
+    pin = run.device.type == "cuda"
+    if isinstance(dataset, IterableDataset):
+        # Stream order does not depend on the worker count (protocol in gpt2forge.data), so a
+        # resumed run starts at its next block without reading the consumed ones.
+        start = progress.step_in_epoch * micro_per_step
+        if hasattr(dataset, "world_size"):  # a replica's pipeline stages read the same records
+            dataset.rank, dataset.world_size = run.replica.rank, run.replica.world_size
+        stream = dataset.epoch_stream(progress.epoch, B, start, group=run.accumulation)
+        loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.num_workers,
+                            pin_memory=pin, generator=torch.Generator())
+        batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
+    else:
+        env = run.replica
+        count *= env.world_size  # every replica draws from one global order
+        if hasattr(dataset, "epoch_indices"):
+            order = dataset.epoch_indices(progress.epoch, count)
+        elif shuffle:
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))
+        else:
+            order = torch.arange(len(dataset))
+        # (step, update, replica, micro-batches of the update): replica r takes its own slice of every
+        # update, so the union over replicas is what one process with all the accumulation would see.
+        used = order[:count].view(steps_per_epoch, run.cfg.device_iterations, env.world_size, -1)[:, :, env.rank]
+        used = used.reshape(steps_per_epoch, micro_per_step, B)
+        batches = DataLoader(dataset, batch_sampler=used[progress.step_in_epoch:].reshape(-1, B).tolist(),
+                             collate_fn=collate, num_workers=run.cfg.num_workers, pin_memory=pin,
+                             generator=torch.Generator())
+    group: list[torch.Tensor] = []
+    try:
+        for batch in batches:
+            group.append(batch.to(run.device, non_blocking=True))
+            if len(group) == run.accumulation:
+                yield group
+                group = []
+    except UsageError as exc:
+        # A reader's error raised in a DataLoader worker arrives wrapped in a traceback text.
+        raise UsageError(str(exc).rstrip().splitlines()[-1].split("UsageError: ", 1)[-1]) from None
+
+
+def run_training(cfg: TrainConfig) -> int:
+    """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
+    env = env_from_launcher()
+    check_world(env, cfg.replication_factor, stages_of(cfg))  # before any process group work
+    cfg = apply_auto_resume(cfg)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    device = device_for(env, resolve_device(cfg.device))
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # the current device is the run's (synchronize, streams, compile)
+    if device.type == "cpu":
+        configure_host_allocator()
+    precision = resolve_precision(cfg.precision, device)
+    if cfg.plan:
+        model_cfg, _ = resolve_model_config(cfg)
+        build_layout(cfg, model_cfg.n_layer)  # the layout flags must describe this model
+        zero = cfg.zero_stage if cfg.zero_stage is not None else int(cfg.replicated_tensor_sharding)
+        return run_plan(cfg, model_cfg, device, autocast_dtype(precision), zero)
+    configure_matmul(device, precision, cfg.enable_half_partials)
+    model, ckpt_dir = build_model(cfg, device)
+    layout = build_layout(cfg, model.config.n_layer, env.world_size)
+    accumulation = report_layout(layout, cfg)
+    init_process_group(env, device)
+    try:
+        return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation)
+    finally:
+        shutdown()
+
+
+def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str, model: GPT2LMHeadModel,
+           ckpt_dir, layout: Layout, accumulation: int) -> int:
+    torch.manual_seed(cfg.seed + env.rank)  # same initial weights everywhere, different dropout per replica
+    log.info(f"Model config: {model.config}")
+    log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
+
+    pipeline, replica, optimizer, zero = _parallelize(cfg, env, layout, model, device, precision, accumulation)
+    scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
+                        cfg.auto_loss_scaling)
+    ddp = wrap_data_parallel(model, env, device) if pipeline is None and zero < 2 else model
+    forward = maybe_compile(ddp, "true" if cfg.compile_only else cfg.torch_compile, device,
+                            cfg.executable_cache_dir)
+    if cfg.compile_only:
+        return _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation)
+
+    micro_per_step = accumulation * cfg.device_iterations
+    samples_per_step = micro_per_step * cfg.batch_size * replica.world_size  # = cfg.samples_per_step
+    log.banner("Loading data")
+    t0 = time.perf_counter()
+    data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
+                                     model.config.vocab_size, cfg.seed, cfg.stride, cfg.val_num,
+                                     samples_per_step, split=cfg.split, epochs=cfg.epochs,
+                                     training_steps=cfg.training_steps, verify=cfg.verify))
+    steps_per_epoch = len(data.train) // samples_per_step
+    if steps_per_epoch < 1:
+        raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
+                         f"({samples_per_step}); reduce --batch-size, --gradient-accumulation or "
+                         "--device-iterations, or add data")
+    total_steps = cfg.training_steps or cfg.epochs * steps_per_epoch
+    log.info(f"Samples per epoch: {len(data.train)}")
+    log.info(f"Steps per epoch: {steps_per_epoch}")
+    log.info(f"Data loaded in {time.perf_counter() - t0:.2f} secs")
+
+    total_updates = total_steps * cfg.device_iterations
+    decay = cfg.lr_decay_steps or total_updates
+    warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
+    scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
+    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation,
+              dist_env=env, replica=replica, ddp=ddp if ddp is not model else None, pipeline=pipeline,
+              fsdp=zero >= 2 and pipeline is None)
+    if env.enabled:
+        where = f"rank {env.rank}" + (f" (pipeline stage {pipeline.grid.stage})" if pipeline is not None else "")
+        run.watchdog = Watchdog(where)
+        if pipeline is not None:  # progress = a micro-batch's forward through this stage
+            pipeline.module.register_forward_pre_hook(lambda *_: run.watchdog.kick())
+    if cfg.eval_wikitext or cfg.eval_lambada:
+        from gpt2forge.evaluation.quick import QuickEval
+
+        run.quick_eval = QuickEval(cfg.eval_wikitext, cfg.eval_lambada, cfg.max_len, model.config.vocab_size,
+                                   cfg.batch_size)
+    progress = Progress()
+    if cfg.resume_training_from_checkpoint:
+        resume(run, ckpt_dir, progress)
+    peak = device_peak(device, precision)
+    if peak and device.type == "cuda":
+        peak *= env.world_size  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
+    meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len), peak)
+    monitor = RunMonitor(cfg, model.config, total_steps)
+    try:
+        _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
+    finally:
+        monitor.close()
+    if cfg.sample_tokens:
+        with _paused(run):
+            maybe_sample(cfg, whole_model(run), device)
+    return 0
+
+
+def _paused(run: Run):
+    """Suspend the hang watchdog (evaluation, sampling, checkpoints: phases with their own pace)."""
+    return run.watchdog.paused() if run.watchdog is not None else contextlib.nullcontext()
+
+
+def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
+                 precision: str, accumulation: int) -> tuple[Pipeline | None, DistEnv, torch.optim.Optimizer, int]:
+    """Memory features, pipeline stages, ZeRO sharding and the optimizer over what this process trains.
+    Returns (pipeline stage or None, this process's replica, optimizer, ZeRO stage)."""
+    offload = apply_memory_features(model, cfg, device)
+    zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
+    shard = zero == 1
+    half = autocast_dtype(precision)
+    pipeline, replica = None, env
+    if zero >= 2 and precision == "fp16":
+        raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
+    if layout.pipelined:
+        grid = Grid(layout.stages, layout.data_parallel, env.rank)
+        compiled = compile_enabled(cfg.torch_compile, device, cfg.executable_cache_dir)
+        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled, zero, offload,
+                            half)
+        if pipeline.fsdp:
+            offload = False  # FSDP2 moves the shards and the update to the host itself
+        elif zero >= 2:
+            log.notice(f"--zero-stage {zero}: one replica per pipeline stage, nothing to shard")
+        replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
+        if env.is_main:
+            plans = build_plan(cfg, model.config, device, half, zero,
+                               replicas=layout.data_parallel, micro_batches=accumulation)
+            print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
+                              f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
+            print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)
+    if zero >= 2 and pipeline is None:
+        shard_model(model, zero, offload, device, half)
+        offload = False  # FSDP2 moves the shards and the update to the host itself
+    shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
+    optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
+                                cfg.weight_decay, device_type=device.type, offload=offload, shard=shard,
+                                shard_group=pipeline.dp_group if pipeline else None)
+    return pipeline, replica, optimizer, zero
+
+
+def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
+          monitor: RunMonitor) -> None:
+    cfg = run.cfg
+    shuffle = cfg.dataset != "generated"
+    log.banner("Training")
+    run.model.train()
+    last_val: tuple[float, float, int] | None = None
+    while progress.step < total_steps:
+        t_start = time.perf_counter()
+        updates = epoch_updates(run, data.train, progress, steps_per_epoch, shuffle)
+        for index_in_epoch in range(progress.step_in_epoch, steps_per_epoch):
+            totals = torch.zeros(3, device=run.device)
+            data_wait = 0.0  # host seconds blocked on the data loader in this step
+            if run.watchdog is not None:
+                run.watchdog.kick(f"step {progress.step} (update {progress.updates})")
+            for _ in range(cfg.device_iterations):
+                t_wait = time.perf_counter()
+                micro_batches = next(updates)
+                data_wait += time.perf_counter() - t_wait
+                totals += train_step(run, micro_batches)
+            progress.updates += cfg.device_iterations
+            loss_sum, correct, tokens = totals.tolist()  # syncs the device
+            t_end = synchronize(run.device)
+            loss, acc = loss_sum / max(tokens, 1), correct / max(tokens, 1)
+            lr = run.optimizer.param_groups[0]["lr"]
+            samples_s, tokens_s, mfu = meter.rates(t_end - t_start)
+            wait_pct = 100 * data_wait / (t_end - t_start)
+            peak_gib = peak_memory_bytes(run.device) / 2**30
+            reset_peak_memory(run.device)
+            t_start = t_end
+            epoch = progress.epoch
+            progress.step += 1
+            progress.step_in_epoch += 1
+            epoch_done = progress.step_in_epoch == steps_per_epoch
+            if epoch_done:
+                progress.epoch += 1
+                progress.step_in_epoch = 0
+            last = progress.step >= total_steps
+            if progress.step % cfg.log_steps == 0 or last:
+                log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
+                         f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}, "
+                         f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%, "
+                         f"grad norm: {run.grad_norm:.4g}")
+            monitor.step({"step": progress.step, "epoch": epoch, "tokens": progress.step * cfg.tokens_per_step,
+                          "loss": loss, "acc": acc, "lr": lr, "grad_norm": run.grad_norm,
+                          "loss_scale": run.scaler.scale, "samples_per_sec": samples_s,
+                          "tokens_per_sec": tokens_s, "tokens_per_sec_per_process": tokens_s / run.dist_env.world_size,
+                          "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct})
+            eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
+            if run.pipeline is not None and progress.step == 1:
+                run.pipeline.report_peak_memory(peak_gib)
+            with _paused(run):
+                if data.val is not None and eval_now:
+                    last_val = evaluate(run, data.val)
+                    log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
+                             f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
+                    monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
+                                        "val_loss": last_val[0], "val_perplexity": last_val[1]})
+                if run.quick_eval is not None and eval_now:
+                    if (whole := whole_model(run)) is not None:
+                        quick = run.quick_eval.run(whole, run.precision)  # rank 0 alone
+                        log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
+                    wait_for_rank0()
+                name = checkpoint_name(cfg, progress, epoch_done, last)
+                if name:
+                    metrics = {"loss": loss, "acc": acc}
+                    if last_val:
+                        metrics.update(val_loss=last_val[0], val_perplexity=last_val[1])
+                    save(run, progress, name, metrics)
+            if last or epoch_done:
+                break
+
+
+def _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation) -> int:
+    """Compile the training step on one generated micro-batch, print the time, exit 0."""
+    log.banner("Compiling model")
+    scheduler = build_lr_schedule(optimizer, "constant", 1, 0)
+    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, 1)
+    gen = torch.Generator().manual_seed(42)
+    batch = torch.randint(1, model.config.vocab_size, (cfg.batch_size, cfg.max_len + 1), generator=gen)
+    t0 = time.perf_counter()
+    train_step(run, [batch.to(device)])
+    synchronize(device)
+    log.info(f"Compiled/Loaded model in {time.perf_counter() - t0:.2f} secs")
+    log.info("Model successfully compiled. Exiting now as '--compile-only' argument was passed.")
+    return 0

@@ -1,0 +1,99 @@
+"""Precision, loss scaling and device resolution."""
+
+import pytest
+import torch
+
+from gpt2forge.core.errors import UsageError
+from gpt2forge.core.runtime import LossScaler, resolve_device, resolve_precision
+
+
+def _params_with_grads(*values):
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in values]
+    for p, v in zip(params, values):
+        p.grad = torch.full((2,), v)
+    return params
+
+
+def test_static_loss_scale_unscales_and_skips_overflow():
+    scaler = LossScaler(enabled=True, init_scale=8.0, dynamic=False)
+    params = _params_with_grads(16.0, 8.0)
+    assert scaler.unscale_and_check(params)
+    assert torch.equal(params[0].grad, torch.full((2,), 2.0)) and torch.equal(params[1].grad, torch.ones(2))
+    scaler.update(True)
+    assert not scaler.unscale_and_check(_params_with_grads(float("inf"), 1.0))
+    scaler.update(False)
+    assert scaler.scale == 8.0 and scaler.skipped == 1  # static: the scale never changes
+
+
+def test_dynamic_loss_scale_halves_on_overflow_and_grows():
+    scaler = LossScaler(enabled=True, init_scale=1024.0, dynamic=True, growth_interval=2)
+    scaler.update(False)
+    assert scaler.scale == 512.0
+    scaler.update(True)
+    scaler.update(True)
+    assert scaler.scale == 1024.0
+    restored = LossScaler(enabled=True, init_scale=1.0, dynamic=True)
+    restored.load_state_dict(scaler.state_dict())
+    assert restored.scale == 1024.0 and restored.skipped == 1
+
+
+def test_disabled_scaler_is_identity():
+    scaler = LossScaler(enabled=False, init_scale=50000.0, dynamic=True)
+    params = _params_with_grads(3.0)
+    assert scaler.scale == 1.0 and scaler.unscale_and_check(params)
+    assert torch.equal(params[0].grad, torch.full((2,), 3.0))
+
+
+def test_device_and_precision_resolution():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_precision("auto", torch.device("cpu")) == "fp32"
+    with pytest.raises(UsageError, match="--device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="--device cuda"):
+            resolve_device("cuda")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_training_runs_on_cpu(precision, tmp_path, capsys):
+    import json
+
+    from gpt2forge.cli import train_main
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model_type": "gpt2", "vocab_size": 64, "n_positions": 16, "n_embd": 32,
+                               "n_layer": 1, "n_head": 2}))
+    args = ["--model-config", str(cfg), "--dataset", "generated", "--max-len", "16", "--batch-size", "2",
+            "--device-iterations", "1", "--epochs", "2", "--num-workers", "0", "--precision", precision,
+            "--learning-rate", "1e-2", "--auto-loss-scaling", "--loss-scaling", "1024"]
+    assert train_main(args) == 0
+    losses = [float(line.split("loss: ")[1].split(",")[0]) for line in capsys.readouterr().out.splitlines()
+              if line.startswith("step ")]
+    assert len(losses) == 8 and all(l == l and l < 10 for l in losses)  # finite, not NaN
+
+
+def test_host_allocator_setting_applies_once_and_yields_to_the_environment():
+    import os
+    import subprocess
+    import sys
+
+    code = "from gpt2forge.core.runtime import configure_host_allocator as c; print(c())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    applied = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    expected = "True" if sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") else "False"
+    assert applied.stdout.strip() == expected
+    env["MALLOC_MMAP_MAX_"] = "65536"  # the user's own setting wins
+    kept = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert kept.stdout.strip() == "False"
+
+
+def test_emulated_half_precision_on_cpu_is_announced(monkeypatch, capsys):
+    from gpt2forge.core import log
+    from gpt2forge.core import runtime
+
+    assert runtime.cpu_half_matmul_is_emulated("fp32") is False
+    monkeypatch.setattr(log, "_seen_notices", set())  # notices print once per process
+    monkeypatch.setattr(runtime, "cpu_half_matmul_is_emulated", lambda precision: precision == "bf16")
+    assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
+    assert "--precision bf16: this CPU has no bf16 matmul kernels" in capsys.readouterr().err
+    assert resolve_precision("fp16", torch.device("cpu")) == "fp16"
+    assert "notice" not in capsys.readouterr().err

@@ -1,0 +1,311 @@
+"""Custom ops library: build, load, the not-built fallback, and each op against its reference.
+
+The library is built once per test session into a temporary directory (about 10-20 s on two
+cores); the tests that need it skip when no C++ compiler is found.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt2forge.ops import library as custom_ops
+from gpt2forge.ops.library import LIBRARY_ENV, LIBRARY_NAME, BuildError
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None,
+    reason="no C++ compiler ($CXX or c++) to build the custom ops library",
+)
+
+
+@pytest.fixture(scope="session")
+def ops_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The library, built once per session from custom_ops/ into a temporary directory."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        pytest.skip("no C++ compiler ($CXX or c++) to build the custom ops library")
+    return custom_ops.build(tmp_path_factory.mktemp("custom_ops"), verbose=False)
+
+
+@pytest.fixture
+def ops(ops_library: Path, monkeypatch: pytest.MonkeyPatch):
+    """`torch.ops.gpt2forge`, loaded through load_custom_ops() from the session's build."""
+    monkeypatch.setenv(LIBRARY_ENV, str(ops_library))
+    custom_ops.load_custom_ops.cache_clear()
+    assert custom_ops.load_custom_ops()
+    yield torch.ops.gpt2forge
+    custom_ops.load_custom_ops.cache_clear()
+
+
+@pytest.fixture
+def no_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A process state in which the library has not been built."""
+    monkeypatch.setenv(LIBRARY_ENV, str(tmp_path / "missing" / LIBRARY_NAME))
+    custom_ops.load_custom_ops.cache_clear()
+    yield
+    custom_ops.load_custom_ops.cache_clear()
+
+
+def _run_cli(*args: str, library: Path) -> subprocess.CompletedProcess:
+    """`python -m gpt2forge.ops.library ARGS` in a fresh interpreter, loading `library`."""
+    env = {**os.environ, LIBRARY_ENV: str(library), "PYTHONPATH": str(custom_ops.REPO_ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "gpt2forge.ops.library", *args],
+        cwd=custom_ops.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_library_path_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.delenv(LIBRARY_ENV, raising=False)
+    assert custom_ops.library_path() == custom_ops.REPO_ROOT / "build" / "custom_ops" / LIBRARY_NAME
+    monkeypatch.setenv(LIBRARY_ENV, str(tmp_path / "other.so"))
+    assert custom_ops.library_path() == tmp_path / "other.so"
+
+
+# --- build_info -------------------------------------------------------------------------------
+
+
+def test_build_info_reports_toolchain(ops, tmp_path: Path):
+    info = ops.build_info()
+    toolchain = custom_ops.detect_toolchain(tmp_path)
+    if toolchain.openmp:
+        assert re.search(r"OpenMP yes \(\d+, max threads \d+\)", info), info
+    else:
+        assert "OpenMP no" in info, info
+    assert ("CUDA yes" if toolchain.cuda else "CUDA no") in info, info
+    assert re.search(r"(GCC|clang|MSVC) \d+", info), info
+    torch_release = re.match(r"\d+\.\d+\.\d+", torch.__version__).group()
+    assert f"torch {torch_release}" in info, info
+    assert custom_ops.build_info() == info
+
+
+# --- scaled_add_: the compiled kernel against its reference ----------------------------------
+
+
+@pytest.mark.parametrize("alpha", [0.5, -1.75])
+# Empty, single, odd lengths, a 3-d shape, and one long enough for the OpenMP region
+# (> 2 * 32768 elements) that does not split evenly across threads.
+@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (1023,), (3, 5, 7), (100_003,)])
+def test_scaled_add_matches_reference(ops, shape: tuple[int, ...], alpha: float):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen)
+    y = torch.randn(shape, generator=gen)
+    y_before = y.clone()
+    expected = custom_ops.scaled_add_reference(x.clone(), y, alpha)
+
+    out = ops.scaled_add_(x, y, alpha)
+
+    assert out is x  # in place
+    torch.testing.assert_close(x, expected)
+    assert torch.equal(y, y_before)
+
+
+BAD_ARGUMENTS = {
+    "float64 x": (lambda: (torch.zeros(4, dtype=torch.float64), torch.zeros(4)), TypeError),
+    "int64 y": (lambda: (torch.zeros(4), torch.zeros(4, dtype=torch.int64)), TypeError),
+    "shape": (lambda: (torch.zeros(2, 3), torch.zeros(3, 2)), ValueError),
+    "strided x": (lambda: (torch.zeros(8)[::2], torch.zeros(4)), ValueError),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_scaled_add_rejects_bad_arguments_like_reference(ops, case: str):
+    make_args, error = BAD_ARGUMENTS[case]
+    with pytest.raises(error) as from_kernel:
+        ops.scaled_add_(*make_args(), 1.0)
+    with pytest.raises(error) as from_reference:
+        custom_ops.scaled_add_reference(*make_args(), 1.0)
+    assert str(from_kernel.value).splitlines()[0] == str(from_reference.value)
+
+
+def test_scaled_add_dtype_message():
+    with pytest.raises(TypeError, match=r"expected float32 tensors, got x float64 and y float32"):
+        custom_ops.scaled_add_reference(torch.zeros(2, dtype=torch.float64), torch.zeros(2), 1.0)
+
+
+def test_scaled_add_routes_to_kernel_without_grad_and_reference_with_grad(
+    ops, monkeypatch: pytest.MonkeyPatch
+):
+    reference = custom_ops.scaled_add_reference
+    calls = []
+    monkeypatch.setattr(
+        custom_ops, "scaled_add_reference", lambda *a: calls.append(a) or reference(*a)
+    )
+    x, y = torch.ones(5), torch.arange(5.0)
+    assert custom_ops.scaled_add_(x, y, 2.0) is x
+    assert x.tolist() == [1.0, 3.0, 5.0, 7.0, 9.0]
+    assert calls == []  # the compiled kernel ran
+
+    # The kernel has no autograd formula: differentiable calls take the reference.
+    leaf = torch.ones(3, requires_grad=True)
+    y = torch.arange(3.0, requires_grad=True)
+    out = custom_ops.scaled_add_(leaf.clone(), y, 2.0)
+    out.sum().backward()
+    assert len(calls) == 1
+    torch.testing.assert_close(out.detach(), torch.tensor([1.0, 3.0, 5.0]))
+    torch.testing.assert_close(y.grad, torch.full((3,), 2.0))
+    torch.testing.assert_close(leaf.grad, torch.ones(3))
+
+
+# --- the loader ----------------------------------------------------------------------------
+
+
+def test_loader_without_library_prints_one_notice_and_falls_back(
+    no_library, capsys: pytest.CaptureFixture
+):
+    assert custom_ops.load_custom_ops() is False
+    assert custom_ops.load_custom_ops() is False
+    assert custom_ops.build_info() is None
+    assert capsys.readouterr().err == custom_ops.NOT_BUILT_NOTICE + "\n"
+
+    x = torch.ones(3)
+    assert custom_ops.scaled_add_(x, torch.arange(3.0), 2.0) is x
+    assert x.tolist() == [1.0, 3.0, 5.0]
+
+
+def test_unloadable_library_falls_back_with_rebuild_hint(tmp_path: Path):
+    # A file that dlopen rejects stands in for a library built against another torch. Run in a
+    # fresh interpreter: this one may already hold the ops from the session build.
+    broken = tmp_path / LIBRARY_NAME
+    broken.write_bytes(b"not a shared library")
+    result = _run_cli("info", library=broken)
+    assert result.returncode == 1
+    notice = result.stderr.strip()
+    assert len(notice.splitlines()) == 1, result.stderr
+    assert f"custom ops library {broken} failed to load" in notice
+    assert "using the PyTorch reference implementations" in notice
+    assert "make clean && make" in notice
+
+
+def test_cli_info_loads_library_in_fresh_process(ops_library: Path):
+    result = _run_cli("info", library=ops_library)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{ops_library}: gpt2forge_ops: ")
+    assert "OpenMP" in result.stdout
+
+
+# --- atomic build and clean ------------------------------------------------------------------
+
+
+@needs_compiler
+def test_failed_link_keeps_previous_library_and_no_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A stand-in compiler that compiles normally but, when linking, writes half a library to its
+    # -o path and dies: what a killed or failing linker leaves behind.
+    real_cxx = shutil.which(os.environ.get("CXX", "c++"))
+    fake_cxx = tmp_path / "cxx"
+    fake_cxx.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" -shared "*)\n'
+        '  while [ $# -gt 0 ]; do [ "$1" = "-o" ] && printf partial > "$2"; shift; done\n'
+        "  exit 1;;\n"
+        "esac\n"
+        f'exec "{real_cxx}" "$@"\n'
+    )
+    fake_cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake_cxx))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tiny.cpp").write_text("int gpt2forge_tiny() { return 1; }\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    previous = out / LIBRARY_NAME
+    previous.write_bytes(b"previous library")
+
+    with pytest.raises(BuildError, match=f"linking {LIBRARY_NAME}"):
+        custom_ops.build(out, verbose=False, source_dir=src)
+
+    assert previous.read_bytes() == b"previous library"
+    assert list(out.iterdir()) == [previous]  # the scratch directory is gone too
+
+
+@needs_compiler
+def test_compile_error_names_the_source_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "broken.cpp").write_text("int broken( {\n")
+    out = tmp_path / "out"
+
+    with pytest.raises(BuildError, match=r"broken\.cpp \(exit \d+\) failed"):
+        custom_ops.build(out, verbose=False, source_dir=src)
+
+    assert "broken.cpp" in capsys.readouterr().err  # the compiler's own message is shown
+    assert list(out.iterdir()) == []
+
+
+def test_clean_removes_library_and_scratch_only(tmp_path: Path):
+    (tmp_path / LIBRARY_NAME).write_bytes(b"library")
+    scratch = tmp_path / f"{custom_ops.TEMP_PREFIX}killed"
+    scratch.mkdir()
+    (scratch / "build_info.cpp.o").write_bytes(b"object")
+    (tmp_path / "keep.txt").write_text("not ours")
+
+    removed = custom_ops.clean(tmp_path)
+
+    assert sorted(removed) == sorted([tmp_path / LIBRARY_NAME, scratch])
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("rows,K,N,bias", [(1, 768, 2304, True), (3, 37, 101, True), (4, 64, 9, False),
+                                           (8, 3072, 96, True), (13, 40, 257, False), (16, 17, 33, True)])
+def test_gemv_linear_matches_f_linear(ops, rows: int, K: int, N: int, bias: bool):
+    # 1, 4 and 8 rows use the 1-, 4- and 8-row AVX2 paths; 3, 13 and 16 mix them; K = 17, 37, 40
+    # leave a tail after the 16-float steps.
+    g = torch.Generator().manual_seed(rows * K)
+    x, W = torch.randn(rows, K, generator=g), torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    torch.testing.assert_close(ops.gemv_linear(x, W, b), torch.nn.functional.linear(x, W, b), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8, 40])
+def test_gemv_linear_bf16_weights_match_fp32_math_rounded_once(ops, rows: int):
+    # bf16 weights are widened in registers and accumulated in fp32: the result is the fp32
+    # product of the bf16 values, rounded to bf16 once (ATen's CPU bf16 matmul rounds the same way).
+    g = torch.Generator().manual_seed(rows)
+    x, W, b = torch.randn(rows, 771, generator=g), torch.randn(300, 771, generator=g), torch.randn(300, generator=g)
+    x, W, b = x.bfloat16(), W.bfloat16(), b.bfloat16()
+    y = ops.gemv_linear(x, W, b)
+    assert y.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.float(), W.float(), b.float())
+    torch.testing.assert_close(y.float(), want, rtol=8e-3, atol=8e-3)
+
+
+def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch: pytest.MonkeyPatch):
+    from gpt2forge.generate import gemv
+    calls = []
+    kernel = ops.gemv_linear
+    monkeypatch.setattr(torch.ops.gpt2forge, "gemv_linear", lambda *a: calls.append(1) or kernel(*a))
+    W = torch.randn(5, 8, requires_grad=True)
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        assert gemv.gemv_linear(x, W).shape == (2, 3, 5) and calls == [1]  # 6 rows: the kernel
+        gemv.gemv_linear(torch.randn(17, 8), W)  # prefill-sized: F.linear
+        gemv.gemv_linear(x.half(), W.half())  # fp16: F.linear
+    y = gemv.gemv_linear(x, W)  # gradients wanted: F.linear, differentiable
+    y.sum().backward()
+    assert calls == [1] and W.grad is not None
+
+
+def test_with_gemv_linears_shares_weights_and_leaves_the_model_alone(ops):
+    from gpt2forge.model.config import ModelConfig
+    from gpt2forge.generate.gemv import GemvLinear, with_gemv_linears
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
+    model = GPT2LMHeadModel(ModelConfig(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)).train()
+    view = with_gemv_linears(model).eval()
+    assert isinstance(view.transformer.h[1].mlp.c_fc, GemvLinear) and isinstance(view.lm_head, GemvLinear)
+    assert isinstance(model.transformer.h[1].mlp.c_fc, torch.nn.Linear) and model.training
+    assert [id(p) for p in view.parameters()] == [id(p) for p in model.parameters()]
+    ids = torch.randint(0, 96, (3, 1))
+    with torch.no_grad():
+        step = torch.compile(lambda i: view.logits(view.transformer(i)), fullgraph=True)
+        torch.testing.assert_close(step(ids), model.eval().logits(model.transformer(ids)), rtol=1e-5, atol=1e-5)
+    assert with_gemv_linears(model.half()) is model  # fp16: nothing to swap
