@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from gpt2forge.model.gpt2 import IGNORE_INDEX
+from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.core.runtime import autocast
 from gpt2forge.evaluation.protocol import ClozeExample, ClozeResult, PerplexityResult, Window, WindowPlan
 

@@ -15,11 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.dropout import causal_attention_dropout, dropout
 from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss
-
-IGNORE_INDEX = -100
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
