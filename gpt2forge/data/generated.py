@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpt2forge.data import DataRequest, DatasetSplit
+from gpt2forge.data.contract import DataRequest, DatasetSplit
 
 STEPS_PER_EPOCH = 4
 """Host steps per epoch of generated data (as in the reference)."""

@@ -41,7 +41,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.atomic import fsync_path
 from gpt2forge.ops.library import load_custom_ops
-from gpt2forge.data import DataRequest, DatasetSplit
+from gpt2forge.data.contract import DataRequest, DatasetSplit
 from gpt2forge.data.indexed import IndexedDataset
 from gpt2forge.core.errors import UsageError
 

@@ -38,7 +38,8 @@ import torch
 from tqdm import tqdm
 
 from gpt2forge.core import log
-from gpt2forge.data import IGNORE_INDEX, DataRequest, DatasetSplit
+from gpt2forge.core.labels import IGNORE_INDEX
+from gpt2forge.data.contract import DataRequest, DatasetSplit, ShardedStream
 from gpt2forge.data.mmap import split_boundaries
 from gpt2forge.core.errors import UsageError
 
@@ -162,39 +163,30 @@ class RecordSource:
             yield ids
 
 
-class TFRecordDataset(torch.utils.data.IterableDataset):
+class TFRecordDataset(ShardedStream):
     """One split's records as ``max_len + 1`` int64 token tensors (stream order: module doc).
 
     ``len()`` is the split's records, all ranks together (as for map-style datasets, whose global
     order the trainer slices by rank); ``local_len()`` is this rank's part, what iterating yields.
-    ``epoch_stream`` gives the view the trainer iterates (the protocol in ``gpt2forge.data``);
+    ``epoch_stream`` gives the view the trainer iterates (the protocol in ``gpt2forge.data.contract``);
     iterating the dataset itself reads epoch 0. Both splits are sharded by rank: the trainer sums
     validation totals over ranks.
     """
 
     def __init__(self, source: RecordSource, first: int, end: int, sample_len: int, seed: int,
                  shuffle: bool) -> None:
+        super().__init__()
         self.source = source
         self.first, self.end = first, end  # global record numbers of this split
         self.sample_len = sample_len
         self.seed = seed
         self.shuffle = shuffle
         self.epoch, self.block, self.start_block, self.group = 0, 1, 0, 1
-        self.rank: int | None = None  # None: torch.distributed's, when initialized
-        self.world_size: int | None = None
-
-    def _rank_world(self) -> tuple[int, int]:
-        if self.rank is not None:
-            return self.rank, self.world_size or 1
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
 
     def _blocks(self) -> tuple[int, int, int]:
         """``(rank, world, blocks of this rank)``: global block ``b`` (items ``[b B, b B + B)``)
         belongs to rank ``(b mod (world G)) // G``, ``G = self.group``."""
-        rank, world = self._rank_world()
+        rank, world = self.rank_world()
         n = self.end - self.first
         full, rest = divmod(n, self.block)
         span = world * self.group

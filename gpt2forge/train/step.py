@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpt2forge.core import log
-from gpt2forge.data import IGNORE_INDEX, collate, split_batch
+from gpt2forge.data import IGNORE_INDEX, ShardedStream, collate, split_batch
 from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
 from gpt2forge.core.errors import RunError
 from gpt2forge.parallel.health import Watchdog
@@ -142,8 +142,8 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
 def _evaluate(run: Run, dataset: Dataset, env: DistEnv) -> tuple[float, float, int]:
     run.model.eval()
     totals = torch.zeros(3, device=run.device)
-    if hasattr(dataset, "world_size"):  # a stream shards itself: by `env`, not by the process group
-        dataset.rank, dataset.world_size = env.rank, env.world_size
+    if isinstance(dataset, ShardedStream):  # a stream shards itself: by `env`, not by the process group
+        dataset.shard(env.rank, env.world_size)
     elif env.enabled:  # each replica scores its share
         dataset = torch.utils.data.Subset(dataset, range(env.rank, len(dataset), env.world_size))
     pipe = run.pipeline

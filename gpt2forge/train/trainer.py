@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpt2forge.core import log
-from gpt2forge.data import DataRequest, collate, load_datasets
+from gpt2forge.data import DataRequest, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.parallel.distributed import DistEnv, check_world, device_for, env_from_launcher, \
     init_process_group, resolve_zero_stage, shard_model, shutdown, wrap_data_parallel
 from gpt2forge.core.errors import UsageError
@@ -54,8 +54,8 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         # Stream order does not depend on the worker count (protocol in gpt2forge.data), so a
         # resumed run starts at its next block without reading the consumed ones.
         start = progress.step_in_epoch * micro_per_step
-        if hasattr(dataset, "world_size"):  # a replica's pipeline stages read the same records
-            dataset.rank, dataset.world_size = run.replica.rank, run.replica.world_size
+        if isinstance(dataset, ShardedStream):  # a replica's pipeline stages read the same records
+            dataset.shard(run.replica.rank, run.replica.world_size)
         stream = dataset.epoch_stream(progress.epoch, B, start, group=run.accumulation)
         loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.num_workers,
                             pin_memory=pin, generator=torch.Generator())
@@ -63,7 +63,7 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
     else:
         env = run.replica
         count *= env.world_size  # every replica draws from one global order
-        if hasattr(dataset, "epoch_indices"):
+        if isinstance(dataset, EpochOrdered):
             order = dataset.epoch_indices(progress.epoch, count)
         elif shuffle:
             order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))

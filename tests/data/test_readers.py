@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 
 from gpt2forge.ops import library as custom_ops
 from gpt2forge.cli import train_main
-from gpt2forge.data import IGNORE_INDEX, DataRequest, load_datasets
+from gpt2forge.core.labels import IGNORE_INDEX
+from gpt2forge.data import DataRequest, load_datasets
 from gpt2forge.data import mmap as mm
 from gpt2forge.data import tfrecord as tfr
 from gpt2forge.data.indexed import IndexedDataset, IndexedWriter
@@ -299,7 +300,7 @@ def test_tfrecord_shards_cover_every_record_once(records):
         seen = []
         for rank in range(world):
             view = train.epoch_stream(epoch, block, group=group)
-            view.rank, view.world_size = rank, world
+            view.shard(rank, world)
             got = _ids(DataLoader(view, batch_size=None, num_workers=workers))
             assert len(got) == view.local_len()
             seen += got
@@ -314,7 +315,7 @@ def test_tfrecord_ranks_together_read_what_one_process_reads(records):
     ranks = []
     for rank in (0, 1):  # two processes, 2 micro-batches each per update
         view = train.epoch_stream(1, 2, group=2)
-        view.rank, view.world_size = rank, 2
+        view.shard(rank, 2)
         ranks.append(_ids(view))
     merged = [x for u in range(len(single) // 8) for x in ranks[0][4 * u: 4 * u + 4] + ranks[1][4 * u: 4 * u + 4]]
     assert len(merged) == 56 and merged == single[:56]

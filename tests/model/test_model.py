@@ -6,7 +6,8 @@ import transformers
 
 from gpt2forge.model.checkpoint import from_hf_state_dict, load_weights, save_checkpoint, to_hf_state_dict
 from gpt2forge.model.config import MODEL_FILES, ModelConfig
-from gpt2forge.model.gpt2 import IGNORE_INDEX, GPT2LMHeadModel
+from gpt2forge.core.labels import IGNORE_INDEX
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
 
 def tiny(**kw) -> ModelConfig:

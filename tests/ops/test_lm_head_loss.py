@@ -15,7 +15,8 @@ from gpt2forge.model.config import ModelConfig
 from gpt2forge.core.errors import UsageError
 from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss, lm_head_ce_reference
 from gpt2forge.train.memory import apply_activation_checkpointing, checkpointed_layers, lm_loss_chunking
-from gpt2forge.model.gpt2 import IGNORE_INDEX, GPT2LMHeadModel
+from gpt2forge.core.labels import IGNORE_INDEX
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.parallel.optimizer_state import named_state
 
