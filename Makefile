@@ -30,8 +30,8 @@ all: custom_ops
 
 custom_ops: $(OPS_LIB)
 
-$(OPS_LIB): $(STAMP) $(OPS_SRC) gpt2forge/ops/library.py
-	$(PY) -m gpt2forge.ops.library build --out-dir $(@D)
+$(OPS_LIB): $(STAMP) $(OPS_SRC) gpt2forge/ops/build.py
+	$(PY) -m gpt2forge.ops.build build --out-dir $(@D)
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON_SYS) -m venv $(VENV)
@@ -62,7 +62,7 @@ bench: setup
 	$(PY) -m gpt2forge.benchmark --spec benchmarks.yml --benchmark $(BENCH) $(BENCH_ARGS)
 
 clean:
-	test -x $(PY) && $(PY) -m gpt2forge.ops.library clean --out-dir build/custom_ops || rm -f $(OPS_LIB)
+	test -x $(PY) && $(PY) -m gpt2forge.ops.build clean --out-dir build/custom_ops || rm -f $(OPS_LIB)
 
 distclean: clean
 	rm -rf $(VENV) build gpt2forge/assets

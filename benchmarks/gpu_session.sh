@@ -26,7 +26,7 @@ case "${1:-tests}" in
 tests)
     run env "$PY" -m gpt2forge.tools.machine_report
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.csv"
-    run ops_build "$PY" -m gpt2forge.ops.library build --out-dir build/custom_ops
+    run ops_build "$PY" -m gpt2forge.ops.build build --out-dir build/custom_ops
     run test_cuda "$PY" -m pytest -q -x -p no:cacheprovider tests/test_cuda.py
     run test_plan "$PY" train_gpt2.py --plan --device cuda --model gpt2-xl --max-len 1024 --batch-size 8 \
         --recompute-checkpoint-every-layer true

@@ -1,5 +1,6 @@
-"""Custom operators: loading and building the C++/CUDA library from `custom_ops/` (`library`) and
-the ops with their pure-PyTorch references (`lm_head_loss`: the fused chunked LM head + loss).
+"""Custom operators: loading the C++/CUDA library and its ops' pure-PyTorch references (`library`),
+building it from `custom_ops/` (`build`: toolchain detection, compile, clean; `make` runs it, nothing
+at run time imports it) and the fused chunked LM head + loss with its reference (`lm_head_loss`).
 
 May import: gpt2forge.core.
 """

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from gpt2forge.ops import build as ops_build
 from gpt2forge.ops import library as custom_ops
 from gpt2forge.cli import train_main
 from gpt2forge.core.labels import IGNORE_INDEX
@@ -85,8 +86,8 @@ def sample_index_op():
 
         src = Path(tempfile.mkdtemp())
         for name in ("build_info.cpp", "sample_index.cpp"):
-            shutil.copy(custom_ops.SOURCE_DIR / name, src / name)
-        default = custom_ops.build(src / "out", verbose=False, source_dir=src)
+            shutil.copy(ops_build.SOURCE_DIR / name, src / name)
+        default = ops_build.build(src / "out", verbose=False, source_dir=src)
     torch.ops.load_library(str(default))
     return torch.ops.gpt2forge.build_sample_idx
 

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt2forge.ops import build as ops_build
 from gpt2forge.ops import library as custom_ops
-from gpt2forge.ops.library import LIBRARY_ENV, LIBRARY_NAME, BuildError
+from gpt2forge.ops.build import BuildError
+from gpt2forge.ops.library import LIBRARY_ENV, LIBRARY_NAME
 
 needs_compiler = pytest.mark.skipif(
     shutil.which(os.environ.get("CXX", "c++")) is None,
@@ -30,7 +32,7 @@ def ops_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The library, built once per session from custom_ops/ into a temporary directory."""
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler ($CXX or c++) to build the custom ops library")
-    return custom_ops.build(tmp_path_factory.mktemp("custom_ops"), verbose=False)
+    return ops_build.build(tmp_path_factory.mktemp("custom_ops"), verbose=False)
 
 
 @pytest.fixture
@@ -53,10 +55,10 @@ def no_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def _run_cli(*args: str, library: Path) -> subprocess.CompletedProcess:
-    """`python -m gpt2forge.ops.library ARGS` in a fresh interpreter, loading `library`."""
+    """`python -m gpt2forge.ops.build ARGS` in a fresh interpreter, loading `library`."""
     env = {**os.environ, LIBRARY_ENV: str(library), "PYTHONPATH": str(custom_ops.REPO_ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "gpt2forge.ops.library", *args],
+        [sys.executable, "-m", "gpt2forge.ops.build", *args],
         cwd=custom_ops.REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
     )
 
@@ -73,7 +75,7 @@ def test_library_path_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_
 
 def test_build_info_reports_toolchain(ops, tmp_path: Path):
     info = ops.build_info()
-    toolchain = custom_ops.detect_toolchain(tmp_path)
+    toolchain = ops_build.detect_toolchain(tmp_path)
     if toolchain.openmp:
         assert re.search(r"OpenMP yes \(\d+, max threads \d+\)", info), info
     else:
@@ -220,7 +222,7 @@ def test_failed_link_keeps_previous_library_and_no_partial(
     previous.write_bytes(b"previous library")
 
     with pytest.raises(BuildError, match=f"linking {LIBRARY_NAME}"):
-        custom_ops.build(out, verbose=False, source_dir=src)
+        ops_build.build(out, verbose=False, source_dir=src)
 
     assert previous.read_bytes() == b"previous library"
     assert list(out.iterdir()) == [previous]  # the scratch directory is gone too
@@ -236,7 +238,7 @@ def test_compile_error_names_the_source_and_writes_nothing(
     out = tmp_path / "out"
 
     with pytest.raises(BuildError, match=r"broken\.cpp \(exit \d+\) failed"):
-        custom_ops.build(out, verbose=False, source_dir=src)
+        ops_build.build(out, verbose=False, source_dir=src)
 
     assert "broken.cpp" in capsys.readouterr().err  # the compiler's own message is shown
     assert list(out.iterdir()) == []
@@ -244,12 +246,12 @@ def test_compile_error_names_the_source_and_writes_nothing(
 
 def test_clean_removes_library_and_scratch_only(tmp_path: Path):
     (tmp_path / LIBRARY_NAME).write_bytes(b"library")
-    scratch = tmp_path / f"{custom_ops.TEMP_PREFIX}killed"
+    scratch = tmp_path / f"{ops_build.TEMP_PREFIX}killed"
     scratch.mkdir()
     (scratch / "build_info.cpp.o").write_bytes(b"object")
     (tmp_path / "keep.txt").write_text("not ours")
 
-    removed = custom_ops.clean(tmp_path)
+    removed = ops_build.clean(tmp_path)
 
     assert sorted(removed) == sorted([tmp_path / LIBRARY_NAME, scratch])
     assert [p.name for p in tmp_path.iterdir()] == ["keep.txt"]

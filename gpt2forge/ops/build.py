@@ -1,0 +1,287 @@
+"""Build the custom ops library: find the toolchain, compile `custom_ops/`, link, clean up.
+
+One shared library, `build/custom_ops/gpt2forge_ops.so`, is compiled from every `custom_ops/*.cpp`
+(plus `custom_ops/*.cu` when nvcc and a CUDA build of torch are both present) against the running
+torch. `gpt2forge.ops.library` loads it; nothing at run time imports this module.
+
+Usage (`make` runs the first):
+    python -m gpt2forge.ops.build build [--out-dir DIR] [--quiet]
+    python -m gpt2forge.ops.build clean [--out-dir DIR]
+    python -m gpt2forge.ops.build info
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt2forge.core.errors import cli_main
+from gpt2forge.ops.library import LIBRARY_ENV, LIBRARY_NAME, REPO_ROOT, build_info, library_path
+
+SOURCE_DIR = REPO_ROOT / "custom_ops"
+# Scratch directories of running (or killed) builds, next to the library they will replace.
+TEMP_PREFIX = ".build-"
+
+
+class BuildError(RuntimeError):
+    """The library could not be built: no compiler, or a source failed to compile or link."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What `build()` found on this machine."""
+
+    cxx: str
+    """Absolute path of the C++ compiler ($CXX, else `c++`, as torch's own extension builder)."""
+    cxx_version: str
+    """First line of `cxx --version`."""
+    openmp: bool
+    """Whether `cxx -fopenmp` compiles and links a program that includes <omp.h>."""
+    nvcc: str | None
+    """Path of nvcc (from torch's CUDA_HOME, else $PATH), None when not found."""
+    nvcc_version: str | None
+    """The `release X.Y, VX.Y.Z` part of `nvcc --version`."""
+
+    @property
+    def cuda(self) -> bool:
+        """Whether .cu sources can be built: nvcc found and torch is a CUDA build."""
+        return self.nvcc is not None and torch.version.cuda is not None
+
+
+def _first_line(cmd: list[str]) -> str:
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    lines = (result.stdout or result.stderr).strip().splitlines()
+    return lines[0] if lines else "unknown version"
+
+
+def detect_toolchain(scratch_dir: Path) -> Toolchain:
+    """Find the C++ compiler, probe it for OpenMP (in `scratch_dir`), and look for nvcc.
+
+    Raises BuildError when no C++ compiler is found.
+    """
+    from torch.utils.cpp_extension import CUDA_HOME, get_cxx_compiler
+
+    cxx = shutil.which(get_cxx_compiler())
+    if cxx is None:
+        raise BuildError(
+            f"no C++ compiler found (looked for `{get_cxx_compiler()}`); install g++ or clang++, "
+            "or point $CXX at one"
+        )
+    probe = scratch_dir / "openmp_probe.cpp"
+    probe.write_text("#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n")
+    openmp = subprocess.run(
+        [cxx, "-fopenmp", str(probe), "-o", str(scratch_dir / "openmp_probe")],
+        capture_output=True, check=False,
+    ).returncode == 0
+
+    nvcc = None
+    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "nvcc").is_file():
+        nvcc = str(Path(CUDA_HOME) / "bin" / "nvcc")
+    nvcc = nvcc or shutil.which("nvcc")
+    nvcc_version = None
+    if nvcc:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=False)
+        nvcc_version = next(
+            (line.split(", ", 1)[1] for line in out.stdout.splitlines() if "release" in line),
+            "unknown version",
+        )
+    return Toolchain(cxx, _first_line([cxx, "--version"]), openmp, nvcc, nvcc_version)
+
+
+def _describe(tc: Toolchain, n_cu: int) -> list[str]:
+    """The lines `build()` prints before compiling."""
+    if tc.nvcc is None:
+        cuda = "not found (no nvcc)"
+    else:
+        cuda = f"nvcc {tc.nvcc} ({tc.nvcc_version})"
+        if torch.version.cuda is None:
+            cuda += "; torch is a CPU build"
+            cuda += f", so {n_cu} .cu source(s) are skipped" if n_cu else ""
+        else:
+            cuda += f"; torch built with CUDA {torch.version.cuda}"
+    return [
+        f"compiler {tc.cxx} ({tc.cxx_version})",
+        f"OpenMP   {'yes (-fopenmp)' if tc.openmp else 'no (the kernels run single-threaded)'}",
+        f"CUDA     {cuda}",
+        f"torch    {torch.__version__} ({Path(torch.__file__).parent})",
+    ]
+
+
+def _cuda_arch_flags() -> list[str]:
+    from torch.utils import cpp_extension
+
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.device_count() == 0:
+        raise BuildError(
+            "no GPU visible to choose the CUDA architectures for; set TORCH_CUDA_ARCH_LIST "
+            "(e.g. TORCH_CUDA_ARCH_LIST='8.0;9.0') and run `make` again"
+        )
+    return cpp_extension._get_cuda_arch_flags()  # torch's TORCH_CUDA_ARCH_LIST parser
+
+
+def _commands(
+    tc: Toolchain, sources: list[Path], source_dir: Path, scratch: Path, library: Path
+) -> tuple[list[tuple[Path, list[str]]], list[str]]:
+    """The compile command of each source, and the link command that writes `library`."""
+    from torch.utils import cpp_extension
+
+    device = "cuda" if tc.cuda else "cpu"
+    system_includes = [*cpp_extension.include_paths(device), sysconfig.get_path("include")]
+    includes = [f"-I{source_dir}"] + [a for p in system_includes for a in ("-isystem", p)]
+    defines = ["-DGPT2FORGE_WITH_CUDA=1"] if tc.cuda else []
+    # No -march=native: the library must run on every machine that shares this checkout.
+    cxx_flags = ["-O3", "-fPIC", "-std=c++20", "-Wall"]
+    cxx_flags += ["-fopenmp"] if tc.openmp else ["-Wno-unknown-pragmas"]
+
+    compiles = []
+    for src in sources:
+        obj = scratch / f"{src.name}.o"  # foo.cpp.o and foo.cu.o may coexist
+        if src.suffix == ".cu":
+            assert tc.nvcc is not None
+            host = ["-ccbin", os.environ["CC"]] if "CC" in os.environ else []
+            cmd = [tc.nvcc, *host, "-c", str(src), "-o", str(obj), "-O3", "-std=c++20",
+                   "--compiler-options", "-fPIC", *cpp_extension.COMMON_NVCC_FLAGS,
+                   *_cuda_arch_flags(), *includes, *defines]
+        else:
+            cmd = [tc.cxx, "-c", str(src), "-o", str(obj), *cxx_flags, *includes, *defines]
+        compiles.append((src, cmd))
+
+    libs = ["-lc10", "-ltorch_cpu", "-ltorch"]
+    if tc.cuda:
+        libs += ["-lc10_cuda", "-ltorch_cuda", "-lcudart"]
+    link = [tc.cxx, "-shared", *(str(scratch / f"{s.name}.o") for s in sources), "-o",
+            str(library), *(f"-L{p}" for p in cpp_extension.library_paths(device)), *libs]
+    link += ["-fopenmp"] if tc.openmp else []
+    return compiles, link
+
+
+def _run(steps: list[tuple[str, list[str]]], verbose: bool) -> None:
+    """Run the commands in parallel (one per CPU core); raise BuildError naming each failure."""
+    if verbose:
+        for _, cmd in steps:
+            print(shlex.join(cmd), flush=True)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(
+            lambda cmd: subprocess.run(cmd, capture_output=True, text=True, check=False),
+            [cmd for _, cmd in steps],
+        ))
+    failed = []
+    for (what, _), result in zip(steps, results):
+        output = (result.stdout + result.stderr).strip()
+        if output and (verbose or result.returncode):
+            print(output, file=sys.stderr, flush=True)
+        if result.returncode:
+            failed.append(f"{what} (exit {result.returncode})")
+    if failed:
+        raise BuildError(f"{', '.join(failed)} failed; the compiler output is above")
+
+
+def build(out_dir: Path | None = None, verbose: bool = True, *,
+          source_dir: Path | None = None) -> Path:
+    """Compile the custom ops library; return its path.
+
+    Args:
+        out_dir: where `gpt2forge_ops.so` goes; default: the directory of `library_path()`.
+        verbose: print the compiler commands and warnings (the toolchain summary always prints).
+        source_dir: the sources' directory, default `<repo>/custom_ops` (tests point it elsewhere).
+
+    The library is linked inside a scratch directory next to its destination and moved into
+    place with os.replace, so a failed or killed build never leaves a partial library, and a
+    process that has the old one loaded keeps a valid mapping. A killed build may leave its
+    `.build-*` scratch directory behind; `clean` removes those.
+
+    Raises BuildError when there is no compiler or a command fails.
+    """
+    started = time.perf_counter()
+    source_dir = Path(source_dir or SOURCE_DIR).resolve()
+    target = (Path(out_dir) / LIBRARY_NAME if out_dir is not None else library_path()).resolve()
+    cpp = sorted(source_dir.glob("*.cpp"))
+    cu = sorted(source_dir.glob("*.cu"))
+    if not cpp:
+        raise BuildError(f"no *.cpp sources in {source_dir}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=target.parent))
+    try:
+        tc = detect_toolchain(scratch)
+        for line in _describe(tc, len(cu)):
+            print(f"custom ops: {line}", flush=True)
+        sources = cpp + (cu if tc.cuda else [])
+        print(f"custom ops: sources  {' '.join(s.name for s in sources)}", flush=True)
+        compiles, link = _commands(tc, sources, source_dir, scratch, scratch / LIBRARY_NAME)
+        _run([(src.name, cmd) for src, cmd in compiles], verbose)
+        _run([(f"linking {LIBRARY_NAME}", link)], verbose)
+        os.replace(scratch / LIBRARY_NAME, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"custom ops: built {target} in {time.perf_counter() - started:.1f} s", flush=True)
+    return target
+
+
+def clean(out_dir: Path | None = None) -> list[Path]:
+    """Remove the library and any scratch directories left beside it; return what was removed.
+
+    Only those paths: with $GPT2FORGE_OPS_LIB pointing elsewhere, nothing else in that
+    directory is touched.
+    """
+    target = Path(out_dir) / LIBRARY_NAME if out_dir is not None else library_path()
+    removed = sorted(target.parent.glob(f"{TEMP_PREFIX}*")) if target.parent.is_dir() else []
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    if target.exists():
+        target.unlink()
+        removed.append(target)
+    return removed
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpt2forge.ops.build {build,clean,info}`; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m gpt2forge.ops.build",
+        description="Build, remove or describe the gpt2forge custom ops library.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in [
+        ("build", "compile custom_ops/*.cpp (and *.cu with nvcc + CUDA torch) into the library"),
+        ("clean", "remove the library and leftover build scratch directories"),
+    ]:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--out-dir", type=Path, default=None,
+                         help=f"directory of {LIBRARY_NAME} (default: that of "
+                              f"${LIBRARY_ENV}, else build/custom_ops)")
+        if name == "build":
+            sub.add_argument("--quiet", action="store_true",
+                             help="print only the toolchain summary, not the compiler commands")
+    commands.add_parser("info", help="load the library and print how it was built")
+    args = parser.parse_args(argv)
+
+    if args.command == "build":
+        try:
+            build(args.out_dir, verbose=not args.quiet)
+        except BuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    elif args.command == "clean":
+        for path in clean(args.out_dir):
+            print(f"removed {path}")
+    else:
+        info = build_info()
+        if info is None:
+            return 1
+        print(f"{library_path()}: {info}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
