@@ -107,8 +107,10 @@ def _build_ours(args, device, precision, cfg, model):
 
     from gpt2forge.train.memory import apply_memory_features
     from gpt2forge.train.optim import build_lr_schedule, build_optimizer
-    from gpt2forge.core.runtime import LossScaler, configure_host_allocator, maybe_compile
+    from gpt2forge.core.runtime import LossScaler, configure_host_allocator
     from gpt2forge.train.config import TrainConfig
+    from gpt2forge.parallel.data_parallel import DataParallel
+    from gpt2forge.parallel.strategy import ParallelRequest
     from gpt2forge.train.step import Run, train_step
 
     tcfg = TrainConfig(dataset="generated", model=args.model, max_len=args.seq_len, batch_size=args.batch_size,
@@ -121,15 +123,16 @@ def _build_ours(args, device, precision, cfg, model):
                                 device_type=device.type)
     scheduler = build_lr_schedule(optimizer, tcfg.lr_schedule, 1_000_000, 0)
     scaler = LossScaler(precision == "fp16", tcfg.loss_scaling, tcfg.auto_loss_scaling)
-    forward = maybe_compile(model, tcfg.torch_compile, device, None)
-    run = Run(tcfg, model, forward, optimizer, scheduler, scaler, device, precision, 1)
+    strategy = DataParallel(model, ParallelRequest(device, compile_mode=tcfg.torch_compile,
+                                                   batch_size=tcfg.batch_size))  # one process, compiled
+    run = Run(tcfg, strategy, optimizer, scheduler, scaler, device, precision, 1)
 
     def step(batch: torch.Tensor) -> float:
         loss_sum, _, tokens = train_step(run, [batch]).tolist()  # .tolist() syncs, as the trainer's loop
         return loss_sum / tokens
 
     kind = "fused" if optimizer.defaults.get("fused") else "foreach"
-    return step, {"optimizer": f"torch.optim.AdamW ({kind})", "compiled": forward is not model,
+    return step, {"optimizer": f"torch.optim.AdamW ({kind})", "compiled": strategy.forward is not model,
                   "lm_loss": "fused" if model.fused_loss is not None else "plain"}
 
 

@@ -174,11 +174,29 @@ def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> t
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def whole_model_state(model: torch.nn.Module) -> dict:
+    """The whole model state dict of an FSDP2 model on the CPU of rank 0 (empty elsewhere); a
+    collective of all ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
 def load_sharded_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named: dict) -> None:
     """Load a whole-model named optimizer state (every rank holds it) into an FSDP2 model's optimizer."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, named, options=StateDictOptions(full_state_dict=True))
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (a collective of its mesh), else the tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

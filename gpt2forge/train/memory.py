@@ -94,9 +94,9 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def apply_memory_features(model: GPT2LMHeadModel, cfg: TrainConfig, device: torch.device) -> bool:
+def apply_memory_features(model: GPT2LMHeadModel, cfg: TrainConfig, device: torch.device) -> None:
     """Apply the loss implementation and activation checkpointing that `cfg` asks for (before
-    torch.compile); return whether the optimizer should be offloaded to host memory."""
+    torch.compile)."""
     model.fused_loss = lm_loss_chunking(cfg.lm_loss, cfg.remap_logit, cfg.enable_sequence_serialized,
                                         cfg.serialized_seq_len, cfg.embedding_serialization_factor)
     if model.fused_loss is not None:
@@ -110,6 +110,11 @@ def apply_memory_features(model: GPT2LMHeadModel, cfg: TrainConfig, device: torc
     apply_activation_checkpointing(model, layers)
     if layers:
         log.info(f"Activation checkpointing (recomputed in backward): blocks {', '.join(map(str, layers))}")
+
+
+def offload_optimizer(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether the optimizer state and update go to host memory (--optimizer-state-offchip on CUDA;
+    a notice on the CPU, where the state already is)."""
     if cfg.optimizer_state_offchip and device.type != "cuda":
         log.notice("--optimizer-state-offchip: on the CPU the optimizer state is already in host memory; "
                    "nothing to offload")

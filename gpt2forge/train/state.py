@@ -12,12 +12,11 @@ import torch.distributed as dist
 
 from gpt2forge.core import log
 from gpt2forge.model.checkpoint import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
-from gpt2forge.parallel.distributed import full_optimizer_state, load_sharded_optimizer_state, sharded_state
 from gpt2forge.core.errors import UsageError
 from gpt2forge.parallel.health import wait_for_rank0
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.parallel.optimizer_state import model_group_names, to_indexed, to_named
 from gpt2forge.train.config import TrainConfig
+from gpt2forge.text.tokenizer import tokenizer_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE, asset_dir
 
 if TYPE_CHECKING:
@@ -76,18 +75,8 @@ def restore_rng_state(state: dict[str, Any], device: torch.device, seed: int, st
 
 def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
     """The one place checkpoints are written (rank 0; every rank joins the gathering of pipeline
-    stages and ZeRO-1 shards)."""
-    model = run.model
-    if run.pipeline is not None:
-        run.pipeline.gather_weights()
-        optimizer_state = run.pipeline.optimizer_state(run.optimizer)
-    elif run.fsdp:
-        model_state, named = sharded_state(run.model, run.optimizer)
-        if run.dist_env.is_main:
-            optimizer_state = to_indexed(named, model_group_names(run.model))
-            model = whole_model_from(model_state, run.model.config)
-    else:
-        optimizer_state = full_optimizer_state(run.optimizer, run.dist_env)
+    stages and ZeRO shards)."""
+    model, optimizer_state = run.strategy.checkpoint_state(run.optimizer)
     rngs = gather_rng_states(run.device)
     if not run.dist_env.is_main:
         wait_for_rank0()  # until rank 0 has written it
@@ -102,7 +91,7 @@ def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> 
         "metrics": metrics,
     }
     path = save_checkpoint(run.cfg.checkpoint_output_dir, name, model, state, run.cfg.to_dict(),
-                           extra_files=tokenizer_files(run.model.config.vocab_size,
+                           extra_files=checkpoint_tokenizer_files(run.model.config.vocab_size,
                                                        run.cfg.tokenizer_name_or_path))
     log.info(f"saved checkpoint {path}")
     if run.cfg.keep_checkpoints:
@@ -125,13 +114,11 @@ def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
 
 
-def tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:
+def checkpoint_tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:
     """The tokenizer files to ship inside a checkpoint: --tokenizer-name-or-path's when given, else
     the GPT-2 BPE files (HF vocab.json/merges.txt) when they apply."""
     if tokenizer_path:
-        from gpt2forge.text.tokenizer import tokenizer_files as files_of
-
-        return files_of(tokenizer_path)
+        return tokenizer_files(tokenizer_path)
     files = {f: asset_dir() / f for f in (VOCAB_FILE, MERGES_FILE)}
     if vocab_size != 50257 or not all(p.is_file() for p in files.values()):
         return {}
@@ -151,13 +138,7 @@ def checkpoint_name(cfg: TrainConfig, progress: Progress, epoch_done: bool, last
 def resume(run: Run, ckpt_dir, progress: Progress) -> None:
     state = load_training_state(ckpt_dir)
     try:
-        if run.pipeline is not None:
-            run.pipeline.load_optimizer_state(run.optimizer, state["optimizer"])
-        elif run.fsdp:
-            load_sharded_optimizer_state(run.model, run.optimizer,
-                                         to_named(state["optimizer"], model_group_names(run.model)))
-        else:
-            run.optimizer.load_state_dict(state["optimizer"])
+        run.strategy.load_optimizer_state(run.optimizer, state["optimizer"])
         run.scheduler.load_state_dict(state["lr_scheduler"])
         run.scaler.load_state_dict(state["loss_scaler"])
         for k, v in state["progress"].items():
@@ -171,15 +152,4 @@ def resume(run: Run, ckpt_dir, progress: Progress) -> None:
 
 def whole_model(run: Run) -> GPT2LMHeadModel | None:
     """The current whole model on rank 0 (None elsewhere); a collective when sharded or pipelined."""
-    if run.pipeline is not None:
-        run.pipeline.gather_weights()
-    elif run.fsdp:
-        model_state, _ = sharded_state(run.model, run.optimizer)
-        return whole_model_from(model_state, run.model.config).to(run.device) if run.dist_env.is_main else None
-    return run.model if run.dist_env.is_main else None
-
-
-def whole_model_from(state: dict, config) -> GPT2LMHeadModel:
-    model = GPT2LMHeadModel(config)
-    model.load_state_dict(state)
-    return model
+    return run.strategy.whole_model()

@@ -19,20 +19,21 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from gpt2forge.core import log
 from gpt2forge.data import DataRequest, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.parallel.distributed import DistEnv, check_world, device_for, env_from_launcher, \
-    init_process_group, resolve_zero_stage, shard_model, shutdown, wrap_data_parallel
+    init_process_group, resolve_zero_stage, shutdown
 from gpt2forge.core.errors import UsageError
+from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.parallel.health import Watchdog, wait_for_rank0
 from gpt2forge.parallel.topology import Layout, build_layout, report_layout, stages_of
-from gpt2forge.train.memory import apply_memory_features, peak_memory_bytes, reset_peak_memory
+from gpt2forge.train.memory import apply_memory_features, offload_optimizer, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.train.model_setup import build_model, maybe_sample, resolve_model_config
 from gpt2forge.train.observe import RunMonitor
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
-from gpt2forge.parallel.pipeline import Grid, Pipeline
+from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strategy
 from gpt2forge.parallel.memory_plan import build_plan, print_compute_balance, print_plan, run_plan
-from gpt2forge.core.runtime import LossScaler, autocast_dtype, compile_enabled, configure_host_allocator, configure_matmul, \
-    maybe_compile, resolve_device, resolve_precision, synchronize
+from gpt2forge.core.runtime import LossScaler, autocast_dtype, configure_host_allocator, configure_matmul, \
+    resolve_device, resolve_precision, synchronize
 from gpt2forge.train.step import Run, evaluate, train_step
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
@@ -123,17 +124,19 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
-    pipeline, replica, optimizer, zero = _parallelize(cfg, env, layout, model, device, precision, accumulation)
+    apply_memory_features(model, cfg, device)
+    offload = offload_optimizer(cfg, device)
+    zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
+    strategy = _build_strategy(cfg, env, layout, model, device, precision, accumulation, zero, offload)
+    _print_stage_plan(cfg, env, layout, model, device, precision, accumulation, zero)
+    optimizer = _build_optimizer(cfg, strategy, device)
     scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
                         cfg.auto_loss_scaling)
-    ddp = wrap_data_parallel(model, env, device) if pipeline is None and zero < 2 else model
-    forward = maybe_compile(ddp, "true" if cfg.compile_only else cfg.torch_compile, device,
-                            cfg.executable_cache_dir)
     if cfg.compile_only:
-        return _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation)
+        return _compile_only(cfg, strategy, optimizer, scaler, device, precision)
 
     micro_per_step = accumulation * cfg.device_iterations
-    samples_per_step = micro_per_step * cfg.batch_size * replica.world_size  # = cfg.samples_per_step
+    samples_per_step = micro_per_step * cfg.batch_size * strategy.replica.world_size  # = cfg.samples_per_step
     log.banner("Loading data")
     t0 = time.perf_counter()
     data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
@@ -154,17 +157,11 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     decay = cfg.lr_decay_steps or total_updates
     warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
     scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
-    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, accumulation,
-              dist_env=env, replica=replica, ddp=ddp if ddp is not model else None, pipeline=pipeline,
-              fsdp=zero >= 2 and pipeline is None)
+    run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, accumulation)
     if env.enabled:
-        where = f"rank {env.rank}" + (f" (pipeline stage {pipeline.grid.stage})" if pipeline is not None else "")
-        run.watchdog = Watchdog(where)
-        if pipeline is not None:  # progress = a micro-batch's forward through this stage
-            pipeline.module.register_forward_pre_hook(lambda *_: run.watchdog.kick())
+        run.watchdog = Watchdog(strategy.process_name)
+        strategy.attach_watchdog(run.watchdog)
     if cfg.eval_wikitext or cfg.eval_lambada:
-        from gpt2forge.evaluation.quick import QuickEval
-
         run.quick_eval = QuickEval(cfg.eval_wikitext, cfg.eval_lambada, cfg.max_len, model.config.vocab_size,
                                    cfg.batch_size)
     progress = Progress()
@@ -190,41 +187,34 @@ def _paused(run: Run):
     return run.watchdog.paused() if run.watchdog is not None else contextlib.nullcontext()
 
 
-def _parallelize(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
-                 precision: str, accumulation: int) -> tuple[Pipeline | None, DistEnv, torch.optim.Optimizer, int]:
-    """Memory features, pipeline stages, ZeRO sharding and the optimizer over what this process trains.
-    Returns (pipeline stage or None, this process's replica, optimizer, ZeRO stage)."""
-    offload = apply_memory_features(model, cfg, device)
-    zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
-    shard = zero == 1
-    half = autocast_dtype(precision)
-    pipeline, replica = None, env
-    if zero >= 2 and precision == "fp16":
-        raise UsageError(f"--zero-stage {zero} with --precision fp16 is not supported; use bf16 or fp32")
-    if layout.pipelined:
-        grid = Grid(layout.stages, layout.data_parallel, env.rank)
-        compiled = compile_enabled(cfg.torch_compile, device, cfg.executable_cache_dir)
-        pipeline = Pipeline(model, layout, grid, device, cfg.pipeline_schedule, accumulation, compiled, zero, offload,
-                            half)
-        if pipeline.fsdp:
-            offload = False  # FSDP2 moves the shards and the update to the host itself
-        elif zero >= 2:
-            log.notice(f"--zero-stage {zero}: one replica per pipeline stage, nothing to shard")
-        replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
-        if env.is_main:
-            plans = build_plan(cfg, model.config, device, half, zero,
-                               replicas=layout.data_parallel, micro_batches=accumulation)
-            print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
-                              f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
-            print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)
-    if zero >= 2 and pipeline is None:
-        shard_model(model, zero, offload, device, half)
-        offload = False  # FSDP2 moves the shards and the update to the host itself
-    shard = shard and replica.world_size > 1  # ZeRO-1 shards across the replicas of each stage
-    optimizer = build_optimizer(pipeline.module if pipeline else model, cfg.optimizer, cfg.learning_rate,
-                                cfg.weight_decay, device_type=device.type, offload=offload, shard=shard,
-                                shard_group=pipeline.dp_group if pipeline else None)
-    return pipeline, replica, optimizer, zero
+def _build_strategy(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
+                    precision: str, accumulation: int, zero: int, offload: bool) -> Strategy:
+    """The parallel strategy the layout asks for, from the registry (it stages, shards, wraps and
+    compiles `model`; memory features are applied before)."""
+    return build_strategy(model, ParallelRequest(
+        device=device, env=env, layout=layout, zero=zero, offload=offload, param_dtype=autocast_dtype(precision),
+        compile_mode="true" if cfg.compile_only else cfg.torch_compile, compile_cache=cfg.executable_cache_dir,
+        schedule=cfg.pipeline_schedule, micro_batches=accumulation, batch_size=cfg.batch_size))
+
+
+def _print_stage_plan(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
+                      precision: str, accumulation: int, zero: int) -> None:
+    """Rank 0 of a pipelined run prints the stages' balance and memory per process."""
+    if not (layout.pipelined and env.is_main):
+        return
+    plans = build_plan(cfg, model.config, device, autocast_dtype(precision), zero,
+                       replicas=layout.data_parallel, micro_batches=accumulation)
+    print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
+                      f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
+    print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)
+
+
+def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device) -> torch.optim.Optimizer:
+    """The optimizer over what this process trains, placed (offloaded, ZeRO-1 sharded) as the strategy says."""
+    placement = strategy.optimizer_placement()
+    return build_optimizer(placement.module, cfg.optimizer, cfg.learning_rate, cfg.weight_decay,
+                           device_type=device.type, offload=placement.offload, shard=placement.shard,
+                           shard_group=placement.shard_group)
 
 
 def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
@@ -276,8 +266,8 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                           "tokens_per_sec": tokens_s, "tokens_per_sec_per_process": tokens_s / run.dist_env.world_size,
                           "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct})
             eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
-            if run.pipeline is not None and progress.step == 1:
-                run.pipeline.report_peak_memory(peak_gib)
+            if progress.step == 1:
+                run.strategy.report_peak_memory(peak_gib)
             with _paused(run):
                 if data.val is not None and eval_now:
                     last_val = evaluate(run, data.val)
@@ -300,13 +290,14 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 break
 
 
-def _compile_only(cfg, model, forward, optimizer, scaler, device, precision, accumulation) -> int:
+def _compile_only(cfg: TrainConfig, strategy: Strategy, optimizer: torch.optim.Optimizer, scaler: LossScaler,
+                  device: torch.device, precision: str) -> int:
     """Compile the training step on one generated micro-batch, print the time, exit 0."""
     log.banner("Compiling model")
     scheduler = build_lr_schedule(optimizer, "constant", 1, 0)
-    run = Run(cfg, model, forward, optimizer, scheduler, scaler, device, precision, 1)
+    run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, 1)
     gen = torch.Generator().manual_seed(42)
-    batch = torch.randint(1, model.config.vocab_size, (cfg.batch_size, cfg.max_len + 1), generator=gen)
+    batch = torch.randint(1, strategy.model.config.vocab_size, (cfg.batch_size, cfg.max_len + 1), generator=gen)
     t0 = time.perf_counter()
     train_step(run, [batch.to(device)])
     synchronize(device)

@@ -200,8 +200,8 @@ def tiny_checkpoint(root: Path, vocab_size: int = 101, n_positions: int = 32, se
                 p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
     extra = {}
     if vocab_size == 50257:
-        from gpt2forge.train.state import tokenizer_files
-        extra = tokenizer_files(vocab_size)
+        from gpt2forge.train.state import checkpoint_tokenizer_files
+        extra = checkpoint_tokenizer_files(vocab_size)
     return save_checkpoint(root, "step_1", model, {}, {}, extra_files=extra)
 
 

@@ -1,0 +1,69 @@
+"""FSDP2 replicas, ZeRO-2/3: every block one unit, the root holding the embeddings, ln_f and the
+tied head (distributed.shard_model).
+
+Gradients are reduce-scattered once per update (in the last micro-batch's backward); the optimizer
+updates this rank's shards (offloaded by FSDP2 itself with --optimizer-state-offchip). Parameters
+are gathered in every forward, so every rank evaluates the whole set in step; checkpoints gather
+the whole model and optimizer state onto rank 0's CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.parallel.data_parallel import DataParallel
+from gpt2forge.parallel.distributed import DistEnv, load_sharded_optimizer_state, shard_model, sharded_state, \
+    whole_model_state
+from gpt2forge.parallel.optimizer_state import model_group_names, to_indexed, to_named
+from gpt2forge.parallel.strategy import OptimizerPlacement, ParallelRequest
+
+
+class FullyShardedDataParallel(DataParallel):
+    """One FSDP2 replica per process (`--zero-stage 2|3`, several processes)."""
+
+    @classmethod
+    def applies(cls, request: ParallelRequest) -> bool:
+        pipelined = request.layout is not None and request.layout.pipelined
+        return not pipelined and request.zero >= 2
+
+    def _wrap(self, model: GPT2LMHeadModel, request: ParallelRequest) -> nn.Module:
+        shard_model(model, request.zero, request.offload, request.device, request.param_dtype)
+        return model
+
+    def optimizer_placement(self) -> OptimizerPlacement:
+        return OptimizerPlacement(self.model)  # FSDP2 moves the shards and the update to the host itself
+
+    def _gradient_sync(self, sync: bool):
+        self.model.set_requires_gradient_sync(sync)  # reduce-scatter once, in the last micro-batch's backward
+        return contextlib.nullcontext()
+
+    def evaluation_env(self) -> DistEnv:
+        # Sharded parameters are gathered in every forward: all ranks score the whole set in step.
+        return DistEnv()
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        return self.checkpoint_state(optimizer)[1]
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, indexed: dict) -> None:
+        load_sharded_optimizer_state(self.model, optimizer, to_named(indexed, model_group_names(self.model)))
+
+    def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> tuple[GPT2LMHeadModel | None, dict | None]:
+        model_state, named = sharded_state(self.model, optimizer)  # one gathering for both
+        if not self.env.is_main:
+            return None, None
+        return whole_model_from(model_state, self.model.config), to_indexed(named, model_group_names(self.model))
+
+    def whole_model(self) -> GPT2LMHeadModel | None:
+        model_state = whole_model_state(self.model)
+        return whole_model_from(model_state, self.model.config).to(self.device) if self.env.is_main else None
+
+
+def whole_model_from(state: dict, config) -> GPT2LMHeadModel:
+    """A plain model holding a whole-model state dict."""
+    model = GPT2LMHeadModel(config)
+    model.load_state_dict(state)
+    return model

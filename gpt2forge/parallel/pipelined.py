@@ -1,0 +1,108 @@
+"""Pipeline stages in their own processes (gpt2forge.parallel.pipeline.Pipeline), replicas of
+each stage data-parallel, with ZeRO-1 (optimizer state) or FSDP2 (ZeRO-2/3) inside each stage
+across its replicas.
+
+An update's micro-batches go through the schedule at once; the loss lives on the last stage (the
+others' totals are zeros), the gradient norm and the fp16 finite check are agreed over all stages,
+and rank 0 gathers the other stages' weights and optimizer state into its whole model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpt2forge.core import log
+from gpt2forge.core.runtime import compile_enabled
+from gpt2forge.core.labels import IGNORE_INDEX
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
+from gpt2forge.parallel.health import Watchdog
+from gpt2forge.parallel.pipeline import Grid, Pipeline, all_finite, clip_grad_norm
+from gpt2forge.parallel.strategy import OptimizerPlacement, ParallelRequest, Strategy
+
+
+class Pipelined(Strategy):
+    """This process's stage of one replica's pipeline."""
+
+    @classmethod
+    def applies(cls, request: ParallelRequest) -> bool:
+        return request.layout is not None and request.layout.pipelined
+
+    def __init__(self, model: GPT2LMHeadModel, request: ParallelRequest):
+        layout, env = request.layout, request.env
+        grid = Grid(layout.stages, layout.data_parallel, env.rank)
+        compiled = compile_enabled(request.compile_mode, request.device, request.compile_cache)
+        self.pipeline = Pipeline(model, layout, grid, request.device, request.schedule, request.micro_batches,
+                                 compiled, request.zero, request.offload, request.param_dtype)
+        if request.zero >= 2 and not self.pipeline.fsdp:
+            log.notice(f"--zero-stage {request.zero}: one replica per pipeline stage, nothing to shard")
+        self.model, self.env, self.device = model, env, request.device
+        self.replica = DistEnv(grid.replica, env.local_rank, grid.replicas)
+        self.batch_size = request.batch_size
+        # FSDP2 moves the shards and the update to the host itself.
+        self.offload = request.offload and not self.pipeline.fsdp
+        self.zero = request.zero
+
+    @property
+    def processes_per_replica(self) -> int:
+        return self.pipeline.grid.stages
+
+    @property
+    def process_name(self) -> str:
+        return f"rank {self.env.rank} (pipeline stage {self.pipeline.grid.stage})"
+
+    def attach_watchdog(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+        # Progress = a micro-batch's forward through this stage.
+        self.pipeline.module.register_forward_pre_hook(lambda *_: watchdog.kick())
+
+    def optimizer_placement(self) -> OptimizerPlacement:
+        # ZeRO-1 shards across the replicas of each stage.
+        return OptimizerPlacement(self.pipeline.module, offload=self.offload,
+                                  shard=self.zero == 1 and self.replica.world_size > 1,
+                                  shard_group=self.pipeline.dp_group)
+
+    def forward_backward(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: torch.Tensor) -> torch.Tensor:
+        return self.pipeline.step(torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs]), scale)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return self.pipeline.parameters()
+
+    def clip_grad_norm(self, max_norm: float | None) -> float:
+        return clip_grad_norm(self.trainable_parameters(), self.pipeline.norm_parameters(), max_norm,
+                              1 if self.pipeline.fsdp else self.replica.world_size)
+
+    def all_finite(self, finite: bool) -> bool:
+        return all_finite(finite, self.device)  # fp16: each stage unscaled its own gradients
+
+    @property
+    def evaluation_rows(self) -> int:
+        return self.batch_size * self.pipeline.micro_batches
+
+    def evaluate_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # The schedule takes exactly its micro-batches: pad with unscored rows.
+        short = self.evaluation_rows - x.shape[0]
+        x = torch.cat([x, x.new_zeros(short, x.shape[1])])
+        y = torch.cat([y, y.new_full((short, y.shape[1]), IGNORE_INDEX)])
+        return self.pipeline.evaluate(x, y)
+
+    def sum_evaluation(self, totals: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(totals)  # replicas' shares; the loss lives on the last stage
+
+    def set_training(self, mode: bool) -> None:
+        self.model.train(mode)
+        self.pipeline.module.train(mode)
+
+    def report_peak_memory(self, peak_gib: float) -> None:
+        self.pipeline.report_peak_memory(peak_gib)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        return self.pipeline.optimizer_state(optimizer)
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, indexed: dict) -> None:
+        self.pipeline.load_optimizer_state(optimizer, indexed)
+
+    def whole_model(self) -> GPT2LMHeadModel | None:
+        self.pipeline.gather_weights()
+        return self.model if self.env.is_main else None
