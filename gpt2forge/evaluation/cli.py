@@ -22,10 +22,12 @@ from gpt2forge.train.args import str_to_bool
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.errors import UsageError, cli_main
 from gpt2forge.core.runtime import configure_matmul, resolve_device, resolve_precision
-from gpt2forge.evaluation.data import data_format, file_sha256, load_stream, read_json_lines
-from gpt2forge.evaluation.detokenizer import DETOKENIZERS, detokenizer_name_for
+from gpt2forge.core.digest import file_sha256
+from gpt2forge.evaluation.data import data_format, load_stream, read_json_lines
+from gpt2forge.evaluation.detokenizer import DETOKENIZERS, detokenizer_name_for, get_detokenizer
 from gpt2forge.evaluation.protocol import build_cloze_examples
 from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_stream
+from gpt2forge.model.pretrained import load_pretrained, resolve_model_dir
 
 IPU_FLAGS = ("--layers-per-ipu", "--device-iterations", "--matmul-proportion", "--executable-cache-dir",
              "--eod-mask-loss", "--task")
@@ -103,8 +105,6 @@ class Session:
         for name in IPU_FLAGS:
             if getattr(args, name.lstrip("-").replace("-", "_")) is not None:
                 log.notice(f"{name} is an IPU/reference flag with no effect here; ignored")
-        from gpt2forge.model.pretrained import load_pretrained, resolve_model_dir
-
         self.args = args
         self.data_path = args.valid_data[0]
         self.device = resolve_device(args.device)
@@ -191,8 +191,6 @@ def lambada_main(argv: Sequence[str] | None = None) -> int:
     path = Path(s.data_path)
     log.info(f"> building lambada dataset from {path} ...")
     texts = read_json_lines(path, "text", "--valid-data")
-    from gpt2forge.evaluation.detokenizer import get_detokenizer
-
     detok = get_detokenizer(s.detokenizer)
     texts = [detok(t) for t in texts[: args.max_examples]]
     examples = build_cloze_examples(texts, s.tokenizer.encode, args.strict_lambada, s.seq_len)

@@ -3,7 +3,6 @@ prefix, or LAMBADA's JSON lines. Every problem is a UsageError naming the file."
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +10,9 @@ from typing import Callable
 
 import numpy as np
 
+from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
+from gpt2forge.data.indexed import IndexedDataset
 from gpt2forge.evaluation.detokenizer import get_detokenizer
 from gpt2forge.evaluation.protocol import count_original_tokens
 
@@ -23,16 +24,6 @@ class TokenStream:
     tokens: np.ndarray  # 1-D int64
     num_original_tokens: int | None  # word-level count for the adjusted perplexity, when defined
     info: dict = field(default_factory=dict)
-
-
-def file_sha256(*paths: Path) -> str:
-    """sha256 over the bytes of `paths`, in order, read in 4 MiB chunks."""
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def read_text(path: Path, flag: str) -> str:
@@ -86,8 +77,6 @@ def load_stream(path: str, fmt: str, detokenizer: str, encode: Callable[[str], l
     """
     flag = "--valid-data"
     if fmt == "mmap":
-        from gpt2forge.data.indexed import IndexedDataset
-
         ds = IndexedDataset(path, vocab_size)
         parts, total = [], 0
         for doc in ds.documents():

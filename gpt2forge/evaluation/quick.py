@@ -18,6 +18,7 @@ from gpt2forge.evaluation.data import read_json_lines, read_text
 from gpt2forge.evaluation.detokenizer import detokenizer_name_for, get_detokenizer
 from gpt2forge.evaluation.protocol import build_cloze_examples
 from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_stream
+from gpt2forge.text.tokenizer import load_tokenizer
 
 QUICK_WINDOWS = 16
 QUICK_EXAMPLES = 128
@@ -28,8 +29,6 @@ class QuickEval:
 
     def __init__(self, wikitext: str | None, lambada: str | None, seq_len: int, vocab_size: int,
                  batch_size: int = 8):
-        from gpt2forge.text.tokenizer import load_tokenizer
-
         tok = load_tokenizer()
         if vocab_size != tok.vocab_size:
             raise UsageError(f"--eval-wikitext/--eval-lambada need a model with the GPT-2 vocabulary "

@@ -25,16 +25,22 @@ from pathlib import Path
 from typing import Sequence
 
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 
 from gpt2forge.core.atomic import write_atomic
+from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
-from gpt2forge.text.vocab import (DERIVED_SHA256, EOT_ID, EOT_TOKEN, MERGES_FILE, TIKTOKEN_FILE,
-                             TIKTOKEN_SHA256, VOCAB_FILE, asset_dir, sha256_file, verify)
+from gpt2forge.text.vocab import (
+    DERIVED_SHA256,
+    EOT_TOKEN,
+    MERGES_FILE,
+    TIKTOKEN_FILE,
+    VOCAB_FILE,
+    asset_dir,
+    byte_level_bpe,
+    gpt2_encoding,
+    verify,
+)
 
-# OpenAI's original GPT-2 pre-tokenizer regex (gpt-2/src/encoder.py), the same one Hugging Face's
-# ByteLevel pre-tokenizer uses, so ids match `GPT2TokenizerFast` exactly.
-GPT2_PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 HF_FILE = "tokenizer.json"
 # End-of-document tokens looked up, in this order, in a Hugging Face vocabulary.
 EOT_CANDIDATES = (EOT_TOKEN, "</s>", "<eos>", "[SEP]", "<|end_of_text|>")
@@ -130,12 +136,7 @@ def _gpt2_tiktoken(path: Path) -> GPT2Tokenizer:
     if not verify(path):
         raise UsageError(f"GPT-2 vocabulary at {path} fails its sha256 check; delete it and run "
                          f"`make` (or `python -m gpt2forge.text.vocab`) to fetch it again")
-    # tiktoken caches even local files (keyed by path) under its temp cache dir; passing the hash
-    # makes it discard a stale cached copy instead of silently using it.
-    ranks = load_tiktoken_bpe(str(path), expected_hash=TIKTOKEN_SHA256)
-    encoding = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
-                                 special_tokens={EOT_TOKEN: EOT_ID})
-    return GPT2Tokenizer(encoding, source=str(path))
+    return GPT2Tokenizer(gpt2_encoding(path), source=str(path))
 
 
 def _merge_lines(path: Path) -> list[str]:
@@ -146,8 +147,8 @@ def _merge_lines(path: Path) -> list[str]:
 def is_gpt2_files(vocab_file: Path, merge_file: Path) -> bool:
     """True if `vocab_file` + `merge_file` hold GPT-2's BPE (same bytes as ours, or same content:
     the vocab mapping and the merge list, e.g. the `gpt2-vocab.json` Megatron's README fetches)."""
-    if (sha256_file(vocab_file) == DERIVED_SHA256[VOCAB_FILE]
-            and sha256_file(merge_file) == DERIVED_SHA256[MERGES_FILE]):
+    if (file_sha256(vocab_file) == DERIVED_SHA256[VOCAB_FILE]
+            and file_sha256(merge_file) == DERIVED_SHA256[MERGES_FILE]):
         return True
     ours = asset_dir()
     if not (ours / VOCAB_FILE).is_file() or not (ours / MERGES_FILE).is_file():
@@ -170,14 +171,10 @@ def load_bpe_files(vocab_file: str | Path, merge_file: str | Path) -> Tokenizer:
                              f"(e.g. gpt2forge/assets/{VOCAB_FILE if flag == 'vocab' else MERGES_FILE})")
     if is_gpt2_files(vocab_file, merge_file):
         return _gpt2_tiktoken(asset_dir() / TIKTOKEN_FILE)
-    from tokenizers import Tokenizer as HFRaw, decoders, models, pre_tokenizers
-
     try:
-        raw = HFRaw(models.BPE.from_file(str(vocab_file), str(merge_file)))
+        raw = byte_level_bpe(vocab_file, merge_file)
     except Exception as exc:  # the Rust side raises plain Exception subclasses
         raise UsageError(f"{vocab_file} + {merge_file}: not a BPE vocab/merges pair ({exc})") from None
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
     if raw.token_to_id(EOT_TOKEN) is not None:
         raw.add_special_tokens([EOT_TOKEN])
     return HFTokenizer(raw, name=vocab_file.parent.name or "bpe", source=str(vocab_file.parent))

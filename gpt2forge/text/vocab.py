@@ -5,7 +5,8 @@ added by the tokenizer), shipped inside the PyPI sdist of `openai-whisper==20250
 only network this project may reach, so the sdist is fetched with `pip download` (never installed)
 and only that one member is read from it. From the ranks we derive the Hugging Face pair
 `vocab.json` + `merges.txt`, so HF users get the files they expect; the derivation is checked by
-encoding a sample text with both `tokenizers` and tiktoken.
+encoding a sample text with both `tokenizers` and tiktoken. The two encoders over these files are
+built here (`gpt2_encoding`, `byte_level_bpe`); `gpt2forge.text.tokenizer` wraps them.
 
 Files live in `asset_dir()`: `$GPT2FORGE_ASSETS` if set, else `gpt2forge/assets/` (git-ignored).
 
@@ -25,7 +26,11 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
 from gpt2forge.core.atomic import write_atomic
+from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError, cli_main
 
 PACKAGE = "openai-whisper==20250625"
@@ -42,6 +47,9 @@ DERIVED_SHA256 = {
 }
 EOT_TOKEN = "<|endoftext|>"
 EOT_ID = 50256
+# OpenAI's original GPT-2 pre-tokenizer regex (gpt-2/src/encoder.py), the same one Hugging Face's
+# ByteLevel pre-tokenizer uses, so ids match `GPT2TokenizerFast` exactly.
+GPT2_PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 # Exercises the regex split (contractions, letters, numbers, punctuation runs, whitespace runs,
 # trailing spaces), multi-byte UTF-8, and `<|endoftext|>` as plain text (never the special id).
@@ -60,15 +68,10 @@ def asset_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1] / "assets"
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def verify(path: Path) -> bool:
     """True if `path` exists and is byte-identical to the pinned `gpt2.tiktoken` (by sha256)."""
     path = Path(path)
-    return path.is_file() and sha256_file(path) == TIKTOKEN_SHA256
+    return path.is_file() and file_sha256(path) == TIKTOKEN_SHA256
 
 
 def fetch_tiktoken_file(dest: Path) -> None:
@@ -158,13 +161,23 @@ def derive_hf_files(ranks: dict[bytes, int], out_dir: Path) -> None:
     write_atomic(out_dir / MERGES_FILE, ("#version: 0.2\n" + "\n".join(merges) + "\n").encode("utf-8"))
 
 
-def hf_bpe_tokenizer(directory: Path):
-    """A `tokenizers.Tokenizer` (ByteLevel BPE, no prefix space, no special tokens, so
-    `<|endoftext|>` in text is plain text) built from `vocab.json` + `merges.txt` in `directory`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def gpt2_encoding(path: Path) -> tiktoken.Encoding:
+    """GPT-2's tiktoken Encoding from the rank file at `path` (50257 ids, `<|endoftext|>` = 50256).
 
-    directory = Path(directory)
-    tok = Tokenizer(models.BPE.from_file(str(directory / VOCAB_FILE), str(directory / MERGES_FILE)))
+    The caller checks the file first (`verify`); the expected hash also makes tiktoken discard a
+    stale copy in its cache (it caches even local files, keyed by path)."""
+    ranks = load_tiktoken_bpe(str(path), expected_hash=TIKTOKEN_SHA256)
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
+                             special_tokens={EOT_TOKEN: EOT_ID})
+
+
+def byte_level_bpe(vocab_file: Path, merge_file: Path):
+    """A `tokenizers.Tokenizer`: ByteLevel BPE from a `vocab.json` + `merges.txt` pair, no prefix
+    space, no special tokens (so `<|endoftext|>` in text is plain text until the caller adds it).
+    Raises what `tokenizers` raises on files that are not such a pair."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # lazy: only non-GPT-2 tokenizers need it at run time
+
+    tok = Tokenizer(models.BPE.from_file(str(vocab_file), str(merge_file)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return tok
@@ -173,15 +186,13 @@ def hf_bpe_tokenizer(directory: Path):
 def check_hf_files(directory: Path) -> None:
     """Raise RuntimeError unless the HF files in `directory` match their pinned sha256 and encode
     PARITY_SAMPLE to the same ids as tiktoken on the rank file in the same folder."""
-    from gpt2forge.text.tokenizer import load_tokenizer  # late: tokenizer imports this module
-
     directory = Path(directory)
     for name, expected in DERIVED_SHA256.items():
-        digest = sha256_file(directory / name)
+        digest = file_sha256(directory / name)
         if digest != expected:
             raise RuntimeError(f"{directory / name} has sha256 {digest}, expected {expected}")
-    want = load_tokenizer(directory / TIKTOKEN_FILE).encode(PARITY_SAMPLE)
-    got = hf_bpe_tokenizer(directory).encode(PARITY_SAMPLE).ids
+    want = gpt2_encoding(directory / TIKTOKEN_FILE).encode_ordinary(PARITY_SAMPLE)
+    got = byte_level_bpe(directory / VOCAB_FILE, directory / MERGES_FILE).encode(PARITY_SAMPLE).ids
     if got != want:
         raise RuntimeError(f"HF tokenizer from {directory} disagrees with tiktoken on the parity sample")
 
@@ -209,8 +220,6 @@ def ensure_vocab(quiet: bool = False) -> Path:
             say(f"{path} fails its sha256 check; fetching it again")
         say(f"fetching {TIKTOKEN_FILE} from the PyPI sdist of {PACKAGE}")
         fetch_tiktoken_file(path)
-    from tiktoken.load import load_tiktoken_bpe
-
     derive_hf_files(load_tiktoken_bpe(str(path), expected_hash=TIKTOKEN_SHA256), directory)
     check_hf_files(directory)
     say(f"GPT-2 vocabulary ready in {directory}: {TIKTOKEN_FILE}, {VOCAB_FILE}, {MERGES_FILE}")

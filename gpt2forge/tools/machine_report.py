@@ -60,7 +60,7 @@ def _devices(torch) -> dict[str, Any]:
 
 
 def _custom_ops(torch) -> dict[str, Any]:
-    from gpt2forge.ops import library as custom_ops
+    from gpt2forge.ops import library as custom_ops  # lazy: it imports torch, which the report loads only when present
 
     path = custom_ops.library_path()
     loaded = path.is_file() and custom_ops.load_custom_ops()

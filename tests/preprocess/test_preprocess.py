@@ -220,7 +220,8 @@ def test_load_tokenizer_from_folders(tmp_path):
     vocab_map = json.loads((gpt2 / "vocab.json").read_text(encoding="utf-8"))
     (gpt2 / "vocab.json").write_text(json.dumps(vocab_map, indent=1), encoding="utf-8")
     assert isinstance(load_tokenizer(gpt2), GPT2Tokenizer)
-    hf = vocab.hf_bpe_tokenizer(ASSETS)  # same files, HF json: loads as HFTokenizer
+    # The same files as a HF tokenizer.json: loads as HFTokenizer.
+    hf = vocab.byte_level_bpe(ASSETS / vocab.VOCAB_FILE, ASSETS / vocab.MERGES_FILE)
     hf.save(str(tmp_path / "tokenizer.json"))
     other = load_tokenizer(tmp_path / "tokenizer.json")
     assert isinstance(other, HFTokenizer) and other.encode("Hello world") == [15496, 995]

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from gpt2forge.text import vocab
+from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
 from gpt2forge.text.tokenizer import GPT2Tokenizer, load_tokenizer
 
@@ -70,7 +71,7 @@ def test_encode_batch_matches_encode(tok):
 
 @needs_vocab
 def test_hf_tokenizers_on_derived_files_match_tiktoken(tok):
-    hf = vocab.hf_bpe_tokenizer(ASSETS)
+    hf = vocab.byte_level_bpe(ASSETS / vocab.VOCAB_FILE, ASSETS / vocab.MERGES_FILE)
     for text in (VARIED_TEXT, vocab.PARITY_SAMPLE, "  leading", "trailing  ", "\n\n", "x"):
         assert hf.encode(text).ids == tok.encode(text), text
     assert hf.decode(tok.encode(VARIED_TEXT)) == VARIED_TEXT
@@ -143,7 +144,7 @@ def test_ensure_vocab_derives_pinned_hf_files(tmp_path, monkeypatch):
     monkeypatch.setattr(vocab.subprocess, "run", _no_pip)
     vocab.ensure_vocab(quiet=True)
     for name, digest in vocab.DERIVED_SHA256.items():
-        assert vocab.sha256_file(tmp_path / name) == digest
+        assert file_sha256(tmp_path / name) == digest
     # --check catches a hand-edited derived file.
     (tmp_path / vocab.MERGES_FILE).write_text("#version: 0.2\nĠ a\nĠ t\n", encoding="utf-8")
     assert vocab.main(["--check"]) == 2
