@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from gpt2forge.core.errors import UsageError
@@ -73,7 +74,7 @@ class OptimizerPlacement:
     """State and update in host memory (train.optim.OffloadedOptimizer)."""
     shard: bool = False
     """ZeRO-1: the state sharded across the replicas."""
-    shard_group: object = None
+    shard_group: dist.ProcessGroup | None = None
     """The replicas' process group for `shard` (None: all ranks)."""
 
 
