@@ -12,17 +12,17 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.train.args import str_to_bool
 from gpt2forge.core.atomic import write_atomic
-from gpt2forge.core.errors import UsageError, cli_main
-from gpt2forge.core.runtime import configure_matmul, resolve_device, resolve_precision
 from gpt2forge.core.digest import file_sha256
+from gpt2forge.core.errors import UsageError, cli_main
+from gpt2forge.core.flags import str_to_bool
+from gpt2forge.core.runtime import configure_matmul, resolve_device, resolve_precision
 from gpt2forge.evaluation.data import data_format, load_stream, read_json_lines
 from gpt2forge.evaluation.detokenizer import DETOKENIZERS, detokenizer_name_for, get_detokenizer
 from gpt2forge.evaluation.protocol import build_cloze_examples

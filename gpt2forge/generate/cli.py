@@ -13,20 +13,20 @@ import datetime
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import TextIO
 
 import torch
 
-from gpt2forge.generate import gemv
-
 from gpt2forge.core import log
-from gpt2forge.train.args import str_to_bool
 from gpt2forge.core.errors import UsageError, collect
-from gpt2forge.generate.generator import GenerationResult, Generator
-from gpt2forge.model.pretrained import load_pretrained, resolve_model_dir
+from gpt2forge.core.flags import str_to_bool
 from gpt2forge.core.runtime import cpu_half_matmul_is_emulated, resolve_device
+from gpt2forge.generate import gemv
+from gpt2forge.generate.generator import GenerationResult, Generator
 from gpt2forge.generate.sampling import SamplingConfig
+from gpt2forge.model.pretrained import load_pretrained, resolve_model_dir
 
 EOT_TEXT = "<|endoftext|>"
 

@@ -32,11 +32,50 @@ import dataclasses
 import torch
 
 from gpt2forge.core import log
+from gpt2forge.core.errors import collect
+from gpt2forge.core.flags import opt, positive
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.ops.lm_head_loss import LossChunking
-from gpt2forge.train.config import TrainConfig
+from gpt2forge.parallel.topology import ParallelArgs
 
 GiB = 2**30
+
+
+@dataclasses.dataclass
+class MemoryArgs:
+    """What trades compute for memory: the LM loss, recomputation, optimizer offload (section of TrainConfig)."""
+
+    lm_loss: str = opt("fused", "(new) fused: chunked LM head + loss that never holds the (B*T, V) logits "
+                       "(C++ op when built) | plain: full logits + cross-entropy", choices=("fused", "plain"))
+    """fused (chunked head + loss) or plain (whole logits + cross-entropy)."""
+    enable_sequence_serialized: bool = opt(False, "fused LM loss: chunks of --serialized-seq-len tokens (rows of "
+                                           "the flattened batch) instead of the default ~128 MB of logits",
+                                           kind="bool")
+    """Fused loss: chunk rows by serialized_seq_len instead of by a logits budget."""
+    serialized_seq_len: int = opt(128, "token chunk length for --enable-sequence-serialized")
+    """Rows (tokens) per fused-loss chunk with enable_sequence_serialized."""
+    embedding_serialization_factor: int = opt(1, "fused LM loss: split the vocabulary into this many chunks "
+                                              "(1/F the logits buffer for one extra head matmul)")
+    """Vocabulary chunks of the fused loss."""
+    remap_logit: bool = opt(False, "use the fused LM-head loss (the default already; contradicts --lm-loss plain)",
+                            kind="bool")
+    """The reference's switch for the fused head; the fused loss is the default already."""
+    recompute_checkpoint_every_layer: bool = opt(False, "activation checkpointing of every block (recomputed "
+                                                 "in backward)", kind="bool")
+    """Recompute every block's activations in backward."""
+    recompute_checkpoint_layers: list[int] | None = opt(None, "checkpoint only these block indices", kind="list_int")
+    """Recompute only these blocks."""
+    optimizer_state_offchip: bool | None = opt(None, "keep optimizer state in host memory and update there "
+                                               "(CUDA; on CPU it is there already)", kind="bool")
+    """Optimizer state and its update in host memory."""
+
+    def __post_init__(self) -> None:
+        collect(positive(self, "embedding_serialization_factor", "serialized_seq_len"))
+
+    @property
+    def recompute(self) -> bool:
+        """Whether any block recomputes its activations in backward."""
+        return self.recompute_checkpoint_every_layer or bool(self.recompute_checkpoint_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,23 +138,23 @@ def stage_params(cfg: ModelConfig, layers: tuple[int, ...]) -> list[int]:
     return counts
 
 
-def build_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None,
-               zero: int, activation_bytes: int | None = None, replicas: int | None = None,
-               micro_batches: int | None = None) -> list[StagePlan]:
-    """One StagePlan per stage, for the layout at full size unless `replicas` (processes per stage)
-    and `micro_batches` (per update and process) say what runs; `activation_bytes` (one block, one
-    micro-batch) is measured with `block_activation_bytes` when not given."""
+def build_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, seq_len: int, device: torch.device,
+               dtype: torch.dtype | None, zero: int, activation_bytes: int | None = None,
+               replicas: int | None = None, micro_batches: int | None = None) -> list[StagePlan]:
+    """One StagePlan per stage (micro-batches of `seq_len` tokens), for the layout at full size unless
+    `replicas` (processes per stage) and `micro_batches` (per update and process) say what runs;
+    `activation_bytes` (one block, one micro-batch) is measured with `block_activation_bytes` when not given."""
     layers = tuple(cfg.layers_per_ipu) if cfg.layers_per_ipu else (model_cfg.n_layer,)
     S = len(layers)
     R = replicas or cfg.replication_factor
     M = micro_batches or cfg.gradient_accumulation
-    B, T, C, V = cfg.batch_size, cfg.max_len, model_cfg.n_embd, model_cfg.padded_vocab_size
+    B, T, C, V = cfg.batch_size, seq_len, model_cfg.n_embd, model_cfg.padded_vocab_size
     act = activation_bytes if activation_bytes is not None else \
         block_activation_bytes(model_cfg, B, T, device, dtype)
     gathered = 2 if dtype is not None else 4  # FSDP2 gathers half-precision copies in bf16/fp16 runs
     residual = B * T * C * 4  # the residual stream (a block's input) stays fp32 under autocast
-    recompute = cfg.recompute_checkpoint_every_layer or bool(cfg.recompute_checkpoint_layers)
-    offload = bool(cfg.optimizer_state_offchip)
+    recompute = memory.recompute
+    offload = bool(memory.optimizer_state_offchip)
     plans = []
     for s, (n, P) in enumerate(zip(layers, stage_params(model_cfg, layers))):
         weights = 4 * P
@@ -133,11 +172,12 @@ def build_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, d
         activations = in_flight * per_micro + (act if recompute and n else 0)
         head = 0.0
         if s == S - 1:
-            rows = B * T if cfg.lm_loss == "plain" else min(B * T, LossChunking(
-                cfg.serialized_seq_len if cfg.enable_sequence_serialized else None,
-                cfg.embedding_serialization_factor).rows(model_cfg.vocab_size))
-            width = V if cfg.lm_loss == "plain" else -(-model_cfg.vocab_size // cfg.embedding_serialization_factor)
-            head = (3 if cfg.lm_loss == "plain" else 2) * 4 * rows * width
+            rows = B * T if memory.lm_loss == "plain" else min(B * T, LossChunking(
+                memory.serialized_seq_len if memory.enable_sequence_serialized else None,
+                memory.embedding_serialization_factor).rows(model_cfg.vocab_size))
+            chunks = memory.embedding_serialization_factor
+            width = V if memory.lm_loss == "plain" else -(-model_cfg.vocab_size // chunks)
+            head = (3 if memory.lm_loss == "plain" else 2) * 4 * rows * width
         plans.append(StagePlan(s, n, P, weights, grads, 0.0 if offload else moments, activations, head, host))
     return plans
 
@@ -207,19 +247,19 @@ def print_plan(plans: list[StagePlan], title: str) -> None:
                  f"{p.device_total / GiB:>7.2f}" + (f"  host {p.host / GiB:.2f}" if p.host else ""))
 
 
-def run_plan(cfg: TrainConfig, model_cfg: ModelConfig, device: torch.device, dtype: torch.dtype | None,
-             zero: int) -> int:
+def run_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, seq_len: int, device: torch.device,
+             dtype: torch.dtype | None, zero: int) -> int:
     """--plan: print the plan and whether a process fits this machine's device; exit code 0."""
-    plans = build_plan(cfg, model_cfg, device, dtype, zero)
+    plans = build_plan(cfg, memory, model_cfg, seq_len, device, dtype, zero)
     S, R = len(plans), cfg.replication_factor
     print_plan(plans, f"Memory plan per process: {S} stage(s) x {R} replica(s) = {S * R} process(es), micro-batch "
-                      f"{cfg.batch_size} x {cfg.max_len}, {cfg.gradient_accumulation} micro-batches per update, "
+                      f"{cfg.batch_size} x {seq_len}, {cfg.gradient_accumulation} micro-batches per update, "
                       f"ZeRO {zero}, activations measured on {device.type}")
     # Pipelined: rank 0 also keeps the whole model (fp32 weights) for sampling and checkpoints.
     whole = 4 * sum(stage_params(model_cfg, (model_cfg.n_layer,))) if S > 1 else 0
     need = max(max(p.device_total for p in plans), plans[0].device_total + whole)
     if S > 1:
-        print_compute_balance(model_cfg, tuple(p.blocks for p in plans), cfg.max_len)
+        print_compute_balance(model_cfg, tuple(p.blocks for p in plans), seq_len)
         log.info(f"Rank 0 (stage 0 of replica 0) also keeps the whole model's weights for validation, sampling "
                  f"and checkpoints: +{whole / GiB:.2f} GiB, {(plans[0].device_total + whole) / GiB:.2f} GiB in all")
     have, what = device_capacity(device)

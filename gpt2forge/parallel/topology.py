@@ -12,8 +12,53 @@ from __future__ import annotations
 import dataclasses
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import UsageError
-from gpt2forge.train.config import TrainConfig
+from gpt2forge.core.errors import UsageError, collect
+from gpt2forge.core.flags import opt, positive
+
+
+@dataclasses.dataclass
+class ParallelArgs:
+    """Batch geometry and the parallel layout: the reference's IPU flags (section of TrainConfig)."""
+
+    batch_size: int = opt(1, "micro-batch size per replica")
+    """Micro-batch size per replica, in sequences."""
+    gradient_accumulation: int = opt(1, "micro-batches per optimizer update (gradients averaged)")
+    """Micro-batches per optimizer update; the pipeline's micro-batches when stages run in their own processes."""
+    replication_factor: int = opt(1, "data-parallel replicas (one process each; run alone, missing replicas "
+                                  "become extra gradient accumulation)")
+    """Data-parallel replicas of the model."""
+    device_iterations: int = opt(4, "optimizer updates per host (logged) step")
+    """Optimizer updates per host (logged) step."""
+    layers_per_ipu: list[int] | None = opt(None, "blocks per pipeline stage, e.g. 0 4 4 4 (stage 0 holds the "
+                                           "embeddings); must add up to n_layer", kind="list_int")
+    """Blocks per pipeline stage; None: one stage holding every block."""
+    ipus_per_replica: int = opt(4, "pipeline stages per model replica")
+    """Pipeline stages per replica; must equal len(layers_per_ipu) when that is given."""
+    pipeline_schedule: str = opt("1F1B", "(new) pipeline schedule over the --gradient-accumulation micro-batches "
+                                 "when stages run in their own processes: GPipe | 1F1B",
+                                 choices=("GPipe", "1F1B"))
+    """GPipe or 1F1B, used when the stages run in their own processes."""
+    zero_stage: int | None = opt(None, "(new) ZeRO sharding across replicas: 0 none | 1 optimizer state | 2 + "
+                                 "gradients | 3 + parameters (2 and 3 with FSDP2); default 1 with "
+                                 "--replicated-tensor-sharding, else 0", choices=(0, 1, 2, 3))
+    """ZeRO stage 0-3; None: 1 with replicated_tensor_sharding, else 0."""
+    replicated_tensor_sharding: bool = opt(False, "shard optimizer state across replicas (ZeRO-1)", kind="bool")
+    """The reference's name for ZeRO-1."""
+    matmul_proportion: list[float] | None = opt(None, "IPU matmul memory proportion (no equivalent: ignored)",
+                                                kind="list_float")
+    """Accepted for the reference's command lines; one value per stage; no effect."""
+
+    def __post_init__(self) -> None:
+        problems = positive(self, "batch_size", "gradient_accumulation", "ipus_per_replica", "replication_factor",
+                            "device_iterations")
+        if self.layers_per_ipu is not None and any(n < 0 for n in self.layers_per_ipu):
+            problems.append("--layers-per-ipu entries must be >= 0")
+        collect(problems)
+
+    @property
+    def samples_per_update(self) -> int:
+        """Global batch in sequences: micro-batch x accumulation x replicas."""
+        return self.batch_size * self.gradient_accumulation * self.replication_factor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +103,11 @@ def is_pipelined(stages: int, world_size: int) -> bool:
     return stages > 1 and world_size >= stages and world_size % stages == 0
 
 
-def stages_of(cfg: TrainConfig) -> int:
+def stages_of(cfg: ParallelArgs) -> int:
     return len(cfg.layers_per_ipu) if cfg.layers_per_ipu else 1
 
 
-def build_layout(cfg: TrainConfig, n_layer: int, world_size: int = 1) -> Layout:
+def build_layout(cfg: ParallelArgs, n_layer: int, world_size: int = 1) -> Layout:
     """Validate the IPU layout flags against the model; UsageError names the flag and the fix."""
     if cfg.layers_per_ipu is None:
         return Layout((n_layer,), cfg.replication_factor, world_size)
@@ -84,7 +129,7 @@ def build_layout(cfg: TrainConfig, n_layer: int, world_size: int = 1) -> Layout:
     return Layout(layers, cfg.replication_factor, world_size)
 
 
-def report_layout(layout: Layout, cfg: TrainConfig) -> int:
+def report_layout(layout: Layout, cfg: ParallelArgs, async_dataloader: bool = False) -> int:
     """Print the stage map and the notices for co-located stages / missing replicas / no-op flags.
     Returns the gradient accumulation this process must run to keep the global batch."""
     if layout.stages > 1:
@@ -102,15 +147,15 @@ def report_layout(layout: Layout, cfg: TrainConfig) -> int:
         log.notice(f"--replication-factor {layout.replicas} with {layout.data_parallel} data-parallel process(es): "
                    f"gradient accumulation {cfg.gradient_accumulation} x {factor} = {accumulation} keeps the "
                    f"global batch of {cfg.samples_per_update} sequences")
-    _ipu_only_notices(cfg, layout.world_size)
+    _ipu_only_notices(cfg, layout.world_size, async_dataloader)
     return accumulation
 
 
-def _ipu_only_notices(cfg: TrainConfig, world_size: int) -> None:
+def _ipu_only_notices(cfg: ParallelArgs, world_size: int, async_dataloader: bool) -> None:
     """Flags that are accepted and do nothing on these devices (yet) say so once."""
     if cfg.matmul_proportion is not None:
         log.notice("--matmul-proportion is an IPU memory-planner knob with no equivalent; ignored")
     if cfg.replicated_tensor_sharding and world_size == 1:
         log.notice("--replicated-tensor-sharding: one replica process, nothing to shard (launch with torchrun)")
-    if cfg.async_dataloader:
+    if async_dataloader:
         log.notice("--async-dataloader: batches are prefetched by DataLoader workers (--num-workers)")

@@ -1,5 +1,6 @@
-"""Command line -> TrainConfig. The parser is generated from the dataclass fields, so a flag, its
-type, its --help line and its validation live in one place (`train_config.py`).
+"""Command line -> TrainConfig. The parser is generated from the section dataclasses' fields, so a
+flag, its type, its --help line and its validation live in one place (train/config.py and the
+sections it composes); --help lists the flags grouped by section.
 
 Booleans take the reference's syntax: `--flag` alone means True, `--flag True|False|yes|no|1|0`.
 """
@@ -11,31 +12,22 @@ import dataclasses
 import json
 import sys
 import typing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.config import TrainConfig, flag
-
-_TRUE = {"true", "t", "1", "yes", "y"}
-_FALSE = {"false", "f", "0", "no", "n"}
+from gpt2forge.core.flags import LIST_KINDS, flag, scalar_type, str_to_bool
+from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig
 
 
-def str_to_bool(value: str | bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    v = str(value).lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected True or False, got {value!r}")
-
-
-def _scalar_type(tp: Any) -> type:
-    """int | None -> int, etc."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if args else tp
+def _section_fields() -> list[tuple[str, dataclasses.Field, Any]]:
+    """(section attribute, field, its type annotation) for every flag, in --help order."""
+    out = []
+    for attr, section_cls in SECTIONS.items():
+        hints = typing.get_type_hints(section_cls)
+        out += [(attr, f, hints[f.name]) for f in dataclasses.fields(section_cls)]
+    return out
 
 
 def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
@@ -47,8 +39,8 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
     parser.add_argument("--train-path", dest="train_path",
                         help="(old) generated | a .pkl path | tfrecord (with --tfrecord-path GLOB) | dynamic "
                              "(mmap, with --data-prefix PREFIX); sets --dataset (and --input-files for a .pkl)")
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
+    groups = {attr: parser.add_argument_group(section_cls.__doc__) for attr, section_cls in SECTIONS.items()}
+    for attr, f, hint in _section_fields():
         meta = f.metadata
         names = [f"--{flag(f.name)}", *meta.get("aliases", ())]
         default = f.default
@@ -57,13 +49,13 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
         kw: dict[str, Any] = {"dest": f.name, "help": help_text}
         if kind == "bool":
             kw.update(type=str_to_bool, nargs="?", const=True, metavar="BOOL")
-        elif kind in ("list_int", "list_float", "list_str"):
-            kw.update(type={"list_int": int, "list_float": float, "list_str": str}[kind], nargs="+")
+        elif kind in LIST_KINDS:
+            kw.update(type=LIST_KINDS[kind], nargs="+")
         else:
-            kw["type"] = _scalar_type(hints[f.name])
+            kw["type"] = scalar_type(hint)
         if "choices" in meta:
             kw["choices"] = meta["choices"]
-        parser.add_argument(*names, **kw)
+        groups[attr].add_argument(*names, **kw)
     return parser
 
 
@@ -83,7 +75,7 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"--config {path}: cannot parse ({type(exc).__name__}); fix the file") from None
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: expected a mapping of flag names to values")
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = set(FIELD_SECTION)
     out = {}
     for key, value in data.items():
         name = str(key).lstrip("-").replace("-", "_")
@@ -123,13 +115,12 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
         merged.update(load_config_file(config_file))
     merged.update(given)
     _coerce_file_values(merged)
-    return TrainConfig(**merged)
+    return TrainConfig.from_flat(merged)
 
 
 def _coerce_file_values(values: dict[str, Any]) -> None:
     """Values from a config file arrive as YAML/JSON types: apply the flags' types to them."""
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
+    for _, f, hint in _section_fields():
         if f.name not in values or values[f.name] is None:
             continue
         v = values[f.name]
@@ -137,11 +128,11 @@ def _coerce_file_values(values: dict[str, Any]) -> None:
         try:
             if kind == "bool":
                 values[f.name] = str_to_bool(v)
-            elif kind in ("list_int", "list_float", "list_str"):
-                elem = {"list_int": int, "list_float": float, "list_str": str}[kind]
+            elif kind in LIST_KINDS:
+                elem = LIST_KINDS[kind]
                 values[f.name] = [elem(x) for x in (v if isinstance(v, list) else str(v).split())]
             else:
-                values[f.name] = _scalar_type(hints[f.name])(v)
+                values[f.name] = scalar_type(hint)(v)
         except (TypeError, ValueError, argparse.ArgumentTypeError):
             raise UsageError(f"--{flag(f.name)}: invalid value {v!r}") from None
         choices = f.metadata.get("choices")

@@ -111,7 +111,7 @@ def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
                  + (f"from {cfg.checkpoint_input_dir}" if cfg.checkpoint_input_dir else "a new run"))
         return cfg
     log.info(f"auto-resume: continuing from {latest}")
-    return dataclasses.replace(cfg, checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
+    return cfg.replace(checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
 
 
 def checkpoint_tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:

@@ -92,7 +92,7 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
 def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
     env = env_from_launcher()
-    check_world(env, cfg.replication_factor, stages_of(cfg))  # before any process group work
+    check_world(env, cfg.parallel.replication_factor, stages_of(cfg.parallel))  # before any process group work
     cfg = apply_auto_resume(cfg)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
@@ -104,13 +104,13 @@ def run_training(cfg: TrainConfig) -> int:
     precision = resolve_precision(cfg.precision, device)
     if cfg.plan:
         model_cfg, _ = resolve_model_config(cfg)
-        build_layout(cfg, model_cfg.n_layer)  # the layout flags must describe this model
+        build_layout(cfg.parallel, model_cfg.n_layer)  # the layout flags must describe this model
         zero = cfg.zero_stage if cfg.zero_stage is not None else int(cfg.replicated_tensor_sharding)
-        return run_plan(cfg, model_cfg, device, autocast_dtype(precision), zero)
+        return run_plan(cfg.parallel, cfg.memory, model_cfg, cfg.arch.max_len, device, autocast_dtype(precision), zero)
     configure_matmul(device, precision, cfg.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device)
-    layout = build_layout(cfg, model.config.n_layer, env.world_size)
-    accumulation = report_layout(layout, cfg)
+    layout = build_layout(cfg.parallel, model.config.n_layer, env.world_size)
+    accumulation = report_layout(layout, cfg.parallel, cfg.data.async_dataloader)
     init_process_group(env, device)
     try:
         return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation)
@@ -202,8 +202,8 @@ def _print_stage_plan(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT
     """Rank 0 of a pipelined run prints the stages' balance and memory per process."""
     if not (layout.pipelined and env.is_main):
         return
-    plans = build_plan(cfg, model.config, device, autocast_dtype(precision), zero,
-                       replicas=layout.data_parallel, micro_batches=accumulation)
+    plans = build_plan(cfg.parallel, cfg.memory, model.config, cfg.arch.max_len, device, autocast_dtype(precision),
+                       zero, replicas=layout.data_parallel, micro_batches=accumulation)
     print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
                       f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
     print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)

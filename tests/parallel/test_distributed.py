@@ -313,12 +313,12 @@ def test_pipeline_layout_errors_before_process_groups():
 
 
 def test_1f1b_needs_a_micro_batch_per_stage():
-    cfg = parse_args(["--dataset", "generated", "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2"])
+    cfg = parse_args(["--dataset", "generated", "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2"]).parallel
     build_layout(cfg, 2, world_size=1)  # co-located stages: no schedule
     with pytest.raises(UsageError, match="--pipeline-schedule 1F1B needs at least one micro-batch per stage"):
         build_layout(cfg, 2, world_size=2)
     build_layout(parse_args(["--dataset", "generated", "--layers-per-ipu", "1", "1", "--ipus-per-replica", "2",
-                             "--pipeline-schedule", "GPipe"]), 2, world_size=2)
+                             "--pipeline-schedule", "GPipe"]).parallel, 2, world_size=2)
 
 
 def test_layout_that_does_not_divide_the_world_is_refused_before_process_groups():

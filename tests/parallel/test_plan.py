@@ -42,7 +42,8 @@ def test_stage_parameters_add_up_to_the_model_plus_the_head_copy():
 
 def plan(*flags: str, zero: int = 0):
     cfg = parse_args(["--dataset", "generated", "--model", "gpt2", "--max-len", "1024", "--batch-size", "2", *flags])
-    return build_plan(cfg, SMALL, torch.device("cpu"), None, zero, activation_bytes=ACT)
+    return build_plan(cfg.parallel, cfg.memory, SMALL, cfg.arch.max_len, torch.device("cpu"), None, zero,
+                      activation_bytes=ACT)
 
 
 def test_sharding_offload_and_recompute_move_what_they_should():

@@ -47,7 +47,7 @@ def shipped_command_lines() -> list[tuple[str, list[str]]]:
 def test_shipped_command_line_parses_and_layout_validates(name, args):
     cfg = parse_args(args)
     model_cfg, _ = resolve_model_config(cfg)
-    layout = build_layout(cfg, model_cfg.n_layer)
+    layout = build_layout(cfg.parallel, model_cfg.n_layer)
     assert sum(layout.layers_per_stage) == model_cfg.n_layer
 
 
@@ -58,16 +58,17 @@ def test_reference_readme_command_with_old_flag_names():
         "--device-iterations 1 --batch-size 1 --enable-sequence-serialized True --remap-logit True "
         "--embedding-serialization-factor 4 --recompute-checkpoint-every-layer True "
         "--enable-half-partials True --train-path 'generated' --compile-only False"))
-    assert cfg.dataset == "generated" and cfg.compile_only is False and cfg.layers_per_ipu == [0, 4, 4, 4]
+    assert cfg.data.dataset == "generated" and cfg.runtime.compile_only is False
+    assert cfg.parallel.layers_per_ipu == [0, 4, 4, 4]
     old = parse_args(["--train-path", "corpus.pkl", "--save-model-path", "out", "--pretrained-checkpoint", "in"])
-    assert old.dataset == "pickle" and old.input_files == ["corpus.pkl"]
-    assert old.checkpoint_output_dir == "out" and old.checkpoint_input_dir == "in"
+    assert old.data.dataset == "pickle" and old.data.input_files == ["corpus.pkl"]
+    assert old.checkpoint.checkpoint_output_dir == "out" and old.checkpoint.checkpoint_input_dir == "in"
 
 
 @pytest.mark.parametrize("text,value", [("True", True), ("false", False), ("1", True), ("no", False)])
 def test_boolean_syntax(text, value):
-    assert parse_args(["--dataset", "generated", "--use-wandb", text]).use_wandb is value
-    assert parse_args(["--dataset", "generated", "--use-wandb"]).use_wandb is True
+    assert parse_args(["--dataset", "generated", "--use-wandb", text]).logging.use_wandb is value
+    assert parse_args(["--dataset", "generated", "--use-wandb"]).logging.use_wandb is True
 
 
 def test_bad_boolean_is_an_argparse_error():
@@ -81,10 +82,10 @@ def test_precedence_defaults_file_command_line(tmp_path):
     path.write_text(yaml.safe_dump({"learning-rate": 0.5, "batch_size": 3, "dataset": "generated",
                                     "layers-per-ipu": [0, 2], "use_wandb": "yes"}))
     cfg = parse_args(["--config", str(path), "--batch-size", "7"])
-    assert cfg.learning_rate == 0.5  # file beats default
-    assert cfg.batch_size == 7  # command line beats file
-    assert cfg.layers_per_ipu == [0, 2] and cfg.use_wandb is True
-    assert cfg.epochs == 1  # default
+    assert cfg.optim.learning_rate == 0.5  # file beats default
+    assert cfg.parallel.batch_size == 7  # command line beats file
+    assert cfg.parallel.layers_per_ipu == [0, 2] and cfg.logging.use_wandb is True
+    assert cfg.optim.epochs == 1  # default
     jpath = tmp_path / "run.json"
     jpath.write_text(json.dumps({"no_such_flag": 1}))
     with pytest.raises(UsageError, match="no_such_flag"):
@@ -94,15 +95,15 @@ def test_precedence_defaults_file_command_line(tmp_path):
 def test_layout_errors_name_the_flag():
     cfg = parse_args(["--dataset", "generated", "--layers-per-ipu", "0", "4", "4", "--ipus-per-replica", "3"])
     with pytest.raises(UsageError, match="--layers-per-ipu 0 4 4 places 8 blocks.*n_layer=12"):
-        build_layout(cfg, 12)
+        build_layout(cfg.parallel, 12)
     cfg = parse_args(["--dataset", "generated", "--layers-per-ipu", "0", "12"])
     with pytest.raises(UsageError, match="--ipus-per-replica"):
-        build_layout(cfg, 12)
+        build_layout(cfg.parallel, 12)
 
 
 def test_stage_map_is_data():
     cfg = parse_args(["--dataset", "generated", "--layers-per-ipu", "0", "2", "1", "--ipus-per-replica", "3"])
-    layout = build_layout(cfg, 3)
+    layout = build_layout(cfg.parallel, 3)
     assert layout.stage_of_layer() == [1, 1, 2]
     assert layout.stage_map()[:2] == ["Embedding --> stage 0", "Layer 0  --> stage 1"]
 
