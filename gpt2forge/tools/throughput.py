@@ -13,31 +13,37 @@ the logits and discards it, as the reference did. Compilation runs before the ti
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.utils.data import DataLoader
 
 from gpt2forge.core import log
-from gpt2forge.train.args import parse_args
-from gpt2forge.data import DataRequest, collate, load_datasets
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.runtime import (
+    PRECISION_DTYPES,
+    configure_matmul,
+    maybe_compile,
+    resolve_device,
+    resolve_precision,
+    synchronize,
+)
+from gpt2forge.data import DataRequest, collate, load_datasets
+from gpt2forge.train.args import parse_args
 from gpt2forge.train.model_setup import build_model
-from gpt2forge.core.runtime import PRECISION_DTYPES, configure_matmul, maybe_compile, resolve_device, resolve_precision, \
-    synchronize
 
 
 def run_inference(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
-    device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.precision, device)
-    configure_matmul(device, precision, cfg.enable_half_partials)
+    device = resolve_device(cfg.runtime.device)
+    precision = resolve_precision(cfg.runtime.precision, device)
+    configure_matmul(device, precision, cfg.runtime.enable_half_partials)
     model, _ = build_model(cfg, device)
     model = model.to(PRECISION_DTYPES[precision]).eval()
-    forward = maybe_compile(model, "true" if cfg.compile_only else cfg.torch_compile, device,
-                            cfg.executable_cache_dir)
+    forward = maybe_compile(model, "true" if cfg.runtime.compile_only else cfg.runtime.torch_compile, device,
+                            cfg.runtime.executable_cache_dir)
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
-    micro = cfg.samples_per_step // cfg.batch_size  # forward calls per host step
+    micro = cfg.samples_per_step // cfg.parallel.batch_size  # forward calls per host step
 
     @torch.inference_mode()
     def host_step(batches: list[torch.Tensor]) -> float:
@@ -46,31 +52,31 @@ def run_inference(argv: Sequence[str] | None = None) -> int:
             forward(batch[:, :-1].clamp(min=0).to(device, non_blocking=True)).argmax(-1)
         return synchronize(device) - t0
 
-    warm = torch.randint(1, model.config.vocab_size, (cfg.batch_size, cfg.max_len + 1),
+    warm = torch.randint(1, model.config.vocab_size, (cfg.parallel.batch_size, cfg.arch.max_len + 1),
                          generator=torch.Generator().manual_seed(42))
     log.banner("Compiling model")
     log.info(f"Compiled/Loaded model in {host_step([warm]):.2f} secs")
-    if cfg.compile_only:
+    if cfg.runtime.compile_only:
         log.info("Model successfully compiled. Exiting now as '--compile-only' argument was passed.")
         return 0
 
-    data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
-                                     model.config.vocab_size, cfg.seed, cfg.stride, 0, cfg.samples_per_step))
-    loader = DataLoader(data.train, batch_size=cfg.batch_size, collate_fn=collate, drop_last=True)
+    data = load_datasets(DataRequest(cfg.data.dataset, tuple(cfg.data.input_files or ()), cfg.arch.max_len,
+                                     model.config.vocab_size, cfg.data.seed, cfg.data.stride, 0, cfg.samples_per_step))
+    loader = DataLoader(data.train, batch_size=cfg.parallel.batch_size, collate_fn=collate, drop_last=True)
     steps_per_epoch = len(loader) // micro
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} samples are fewer than one host step needs "
                          f"({cfg.samples_per_step}); reduce --batch-size or --device-iterations")
     log.banner("Inference")
     done = 0
-    for epoch in range(max(cfg.epochs, 1)):
+    for epoch in range(max(cfg.optim.epochs, 1)):
         batches = iter(loader)
         for step in range(steps_per_epoch):
             seconds = host_step([next(batches) for _ in range(micro)])
-            if step % cfg.log_steps == 0:
+            if step % cfg.logging.log_steps == 0:
                 log.info(f"step {step} of epoch {epoch}, throughput: {cfg.samples_per_step / seconds:.2f} "
                          f"samples/sec, latency avg: {seconds * 1000:.2f} ms")
             done += 1
-            if cfg.training_steps is not None and done >= cfg.training_steps:
+            if cfg.optim.training_steps is not None and done >= cfg.optim.training_steps:
                 return 0
     return 0

@@ -21,16 +21,16 @@ from __future__ import annotations
 import resource
 import sys
 import types
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
-from gpt2forge.ops.lm_head_loss import LossChunking
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.train.config import TrainConfig
+from gpt2forge.ops.lm_head_loss import LossChunking
+from gpt2forge.parallel.memory_plan import MemoryArgs
 
 
 def lm_loss_chunking(kind: str, remap_logit: bool, sequence_serialized: bool, serialized_seq_len: int,
@@ -94,7 +94,7 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def apply_memory_features(model: GPT2LMHeadModel, cfg: TrainConfig, device: torch.device) -> None:
+def apply_memory_features(model: GPT2LMHeadModel, cfg: MemoryArgs, device: torch.device) -> None:
     """Apply the loss implementation and activation checkpointing that `cfg` asks for (before
     torch.compile)."""
     model.fused_loss = lm_loss_chunking(cfg.lm_loss, cfg.remap_logit, cfg.enable_sequence_serialized,
@@ -112,7 +112,7 @@ def apply_memory_features(model: GPT2LMHeadModel, cfg: TrainConfig, device: torc
         log.info(f"Activation checkpointing (recomputed in backward): blocks {', '.join(map(str, layers))}")
 
 
-def offload_optimizer(cfg: TrainConfig, device: torch.device) -> bool:
+def offload_optimizer(cfg: MemoryArgs, device: torch.device) -> bool:
     """Whether the optimizer state and update go to host memory (--optimizer-state-offchip on CUDA;
     a notice on the CPU, where the state already is)."""
     if cfg.optimizer_state_offchip and device.type != "cuda":

@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
-from gpt2forge.model.config import ModelConfig
 from gpt2forge.core.errors import UsageError
 from gpt2forge.generate.generator import sample
+from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
+from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.train.config import TrainConfig
 
@@ -22,21 +22,21 @@ def resolve_model_config(cfg: TrainConfig) -> tuple[ModelConfig, Path | None]:
     A checkpoint's own config wins (as in the reference); --max-len must fit its n_positions.
     A fresh model gets n_positions = --max-len (the reference's behaviour).
     """
-    if cfg.checkpoint_input_dir:
-        ckpt = resolve_checkpoint_dir(cfg.checkpoint_input_dir)
+    if cfg.checkpoint.checkpoint_input_dir:
+        ckpt = resolve_checkpoint_dir(cfg.checkpoint.checkpoint_input_dir)
         mcfg = load_model_config(ckpt)
-        if cfg.max_len > mcfg.n_positions:
-            raise UsageError(f"--max-len {cfg.max_len} exceeds n_positions={mcfg.n_positions} of the checkpoint "
+        if cfg.arch.max_len > mcfg.n_positions:
+            raise UsageError(f"--max-len {cfg.arch.max_len} exceeds n_positions={mcfg.n_positions} of the checkpoint "
                              f"{ckpt}; use --max-len {mcfg.n_positions} or less")
-        if cfg.model_config:
+        if cfg.arch.model_config:
             log.notice(f"--model-config is ignored: the checkpoint {ckpt} brings its own config.json")
         return mcfg, ckpt
-    mcfg = ModelConfig.from_json(cfg.model_config) if cfg.model_config else ModelConfig.preset(cfg.model)
-    mcfg.n_positions = cfg.max_len
-    if cfg.tokenizer_name_or_path:  # the data's tokenizer sets the vocabulary of a fresh model
+    mcfg = ModelConfig.from_json(cfg.arch.model_config) if cfg.arch.model_config else ModelConfig.preset(cfg.arch.model)
+    mcfg.n_positions = cfg.arch.max_len
+    if cfg.data.tokenizer_name_or_path:  # the data's tokenizer sets the vocabulary of a fresh model
         from gpt2forge.text.tokenizer import load_tokenizer
 
-        mcfg.vocab_size = load_tokenizer(cfg.tokenizer_name_or_path).vocab_size
+        mcfg.vocab_size = load_tokenizer(cfg.data.tokenizer_name_or_path).vocab_size
     return mcfg, None
 
 
@@ -45,7 +45,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> tuple[GPT2LMHeadModel
     mcfg, ckpt = resolve_model_config(cfg)
     model = GPT2LMHeadModel(mcfg)
     if ckpt is None:
-        model.init_weights(torch.Generator().manual_seed(cfg.seed))
+        model.init_weights(torch.Generator().manual_seed(cfg.data.seed))
     else:
         load_weights(model, ckpt)
         log.info(f"loaded weights from {ckpt}")
@@ -54,16 +54,16 @@ def build_model(cfg: TrainConfig, device: torch.device) -> tuple[GPT2LMHeadModel
 
 def maybe_sample(cfg: TrainConfig, model: GPT2LMHeadModel, device: torch.device) -> None:
     """Print --sample-tokens generated tokens after training (GPT-2 vocabulary models only)."""
-    if cfg.sample_tokens <= 0 or log.rank() != 0:
+    if cfg.eval.sample_tokens <= 0 or log.rank() != 0:
         return
     from gpt2forge.text.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(cfg.tokenizer_name_or_path)
+    tok = load_tokenizer(cfg.data.tokenizer_name_or_path)
     if model.config.vocab_size != tok.vocab_size:
         log.notice(f"no sample: the model's vocabulary ({model.config.vocab_size}) is not the GPT-2 BPE's")
         return
-    prompt = tok.encode(cfg.sample_prompt) or [tok.eot_id]
-    gen = torch.Generator().manual_seed(cfg.seed)
-    ids = sample(model, prompt, cfg.sample_tokens, generator=gen, stop_id=None)
+    prompt = tok.encode(cfg.eval.sample_prompt) or [tok.eot_id]
+    gen = torch.Generator().manual_seed(cfg.data.seed)
+    ids = sample(model, prompt, cfg.eval.sample_tokens, generator=gen, stop_id=None)
     log.banner("Sample")
     log.info(tok.decode(prompt + ids))

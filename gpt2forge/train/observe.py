@@ -44,16 +44,16 @@ _COUNTERS = ("step", "epoch", "tokens")  # axes, not metrics
 def run_name(cfg: TrainConfig, model_config) -> str:
     """The reference's W&B run name: `{model}_{vocab}_sl{max_len}_gbs{global batch}` (the model is the
     --model-config file's stem when one is given)."""
-    model = Path(cfg.model_config).stem if cfg.model_config else cfg.model
-    return f"{model}_{model_config.vocab_size}_sl{cfg.max_len}_gbs{cfg.samples_per_update}"
+    model = Path(cfg.arch.model_config).stem if cfg.arch.model_config else cfg.arch.model
+    return f"{model}_{model_config.vocab_size}_sl{cfg.arch.max_len}_gbs{cfg.samples_per_update}"
 
 
 def metrics_path(cfg: TrainConfig, name: str) -> Path:
     """Where this run's metrics file goes (see the module docstring)."""
-    if cfg.metrics_file:
-        return Path(cfg.metrics_file)
-    if cfg.checkpoint_output_dir:
-        return Path(cfg.checkpoint_output_dir) / "metrics.jsonl"
+    if cfg.logging.metrics_file:
+        return Path(cfg.logging.metrics_file)
+    if cfg.checkpoint.checkpoint_output_dir:
+        return Path(cfg.checkpoint.checkpoint_output_dir) / "metrics.jsonl"
     runs = Path(os.environ.get(RUNS_DIR_ENV) or "runs")
     return runs / f"{name}_{time.strftime('%Y%m%d-%H%M%S')}" / "metrics.jsonl"
 
@@ -84,17 +84,18 @@ class RunMonitor:
         path = metrics_path(cfg, name)
         path.parent.mkdir(parents=True, exist_ok=True)
         # A resumed run continues its file; a fresh one starts it anew (not mixed with an earlier run's).
-        self._metrics = path.open("a" if cfg.resume_training_from_checkpoint else "w", encoding="utf-8")
+        self._metrics = path.open("a" if cfg.checkpoint.resume_training_from_checkpoint else "w", encoding="utf-8")
         log.info(f"Metrics file: {path} (plot: python -m gpt2forge.tools.plot {path} --out DIR)")
-        steps = cfg.profile_steps or os.environ.get(PROFILE_STEPS_ENV)
+        logging = cfg.logging
+        steps = logging.profile_steps or os.environ.get(PROFILE_STEPS_ENV)
         if steps:
-            source = "--profile-steps" if cfg.profile_steps else PROFILE_STEPS_ENV
+            source = "--profile-steps" if logging.profile_steps else PROFILE_STEPS_ENV
             first, last = parse_profile_steps(steps, source)
-            out = cfg.profile_dir or os.environ.get(PROFILE_DIR_ENV) or path.parent / "profile"
+            out = logging.profile_dir or os.environ.get(PROFILE_DIR_ENV) or path.parent / "profile"
             self._profiler = StepProfiler(first, last, Path(out))
-        if cfg.tensorboard_dir:
-            self._tensorboard = _init_tensorboard(cfg.tensorboard_dir)
-        if cfg.use_wandb:
+        if logging.tensorboard_dir:
+            self._tensorboard = _init_tensorboard(logging.tensorboard_dir)
+        if logging.use_wandb:
             self._wandb = _init_wandb(cfg, name)
 
     def step(self, record: dict[str, Any]) -> None:

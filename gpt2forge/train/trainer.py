@@ -124,8 +124,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
-    apply_memory_features(model, cfg, device)
-    offload = offload_optimizer(cfg, device)
+    apply_memory_features(model, cfg.memory, device)
+    offload = offload_optimizer(cfg.memory, device)
     zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
     strategy = _build_strategy(cfg, env, layout, model, device, precision, accumulation, zero, offload)
     _print_stage_plan(cfg, env, layout, model, device, precision, accumulation, zero)
