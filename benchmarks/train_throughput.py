@@ -113,18 +113,19 @@ def _build_ours(args, device, precision, cfg, model):
     from gpt2forge.parallel.strategy import ParallelRequest
     from gpt2forge.train.step import Run, train_step
 
-    tcfg = TrainConfig(dataset="generated", model=args.model, max_len=args.seq_len, batch_size=args.batch_size,
-                       seed=args.seed, learning_rate=args.learning_rate, weight_decay=args.weight_decay,
-                       device=str(device), precision=precision, torch_compile="true", lm_loss=args.lm_loss)
-    apply_memory_features(model, tcfg, device)  # the trainer's defaults: the fused LM head + loss
+    tcfg = TrainConfig.from_flat(dict(
+        dataset="generated", model=args.model, max_len=args.seq_len, batch_size=args.batch_size, seed=args.seed,
+        learning_rate=args.learning_rate, weight_decay=args.weight_decay, device=str(device), precision=precision,
+        torch_compile="true", lm_loss=args.lm_loss))
+    apply_memory_features(model, tcfg.memory, device)  # the trainer's defaults: the fused LM head + loss
     if device.type == "cpu":
         configure_host_allocator()  # as the trainer does (a no-op when MALLOC_MMAP_MAX_ is set)
-    optimizer = build_optimizer(model, tcfg.optimizer, tcfg.learning_rate, tcfg.weight_decay,
+    optimizer = build_optimizer(model, tcfg.optim.optimizer, tcfg.optim.learning_rate, tcfg.optim.weight_decay,
                                 device_type=device.type)
-    scheduler = build_lr_schedule(optimizer, tcfg.lr_schedule, 1_000_000, 0)
-    scaler = LossScaler(precision == "fp16", tcfg.loss_scaling, tcfg.auto_loss_scaling)
-    strategy = DataParallel(model, ParallelRequest(device, compile_mode=tcfg.torch_compile,
-                                                   batch_size=tcfg.batch_size))  # one process, compiled
+    scheduler = build_lr_schedule(optimizer, tcfg.optim.lr_schedule, 1_000_000, 0)
+    scaler = LossScaler(precision == "fp16", tcfg.runtime.loss_scaling, tcfg.runtime.auto_loss_scaling)
+    strategy = DataParallel(model, ParallelRequest(device, compile_mode=tcfg.runtime.torch_compile,
+                                                   batch_size=tcfg.parallel.batch_size))  # one process, compiled
     run = Run(tcfg, strategy, optimizer, scheduler, scaler, device, precision, 1)
 
     def step(batch: torch.Tensor) -> float:

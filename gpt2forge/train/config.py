@@ -307,14 +307,6 @@ class TrainConfig:
         """Every field under its flat (flag) name: the content of train_config.json."""
         return {k: v for attr in SECTIONS for k, v in dataclasses.asdict(getattr(self, attr)).items()}
 
-    def __getattr__(self, name: str) -> Any:
-        # TEMPORARY (issue 15 migration): `cfg.batch_size` forwards to `cfg.parallel.batch_size` while
-        # call sites move to section access; remove once nothing reads flat names.
-        section = FIELD_SECTION.get(name)
-        if section is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(getattr(self, section), name)
-
     # -- derived numbers ---------------------------------------------------------------------------
     @property
     def samples_per_update(self) -> int:

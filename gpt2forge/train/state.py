@@ -15,7 +15,7 @@ from gpt2forge.model.checkpoint import latest_checkpoint, load_training_state, p
 from gpt2forge.core.errors import UsageError
 from gpt2forge.parallel.health import wait_for_rank0
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.train.config import TrainConfig
+from gpt2forge.train.config import CheckpointArgs, TrainConfig
 from gpt2forge.text.tokenizer import tokenizer_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE, asset_dir
 
@@ -90,25 +90,26 @@ def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> 
         "rng_ranks": rngs,
         "metrics": metrics,
     }
-    path = save_checkpoint(run.cfg.checkpoint_output_dir, name, model, state, run.cfg.to_dict(),
+    path = save_checkpoint(run.cfg.checkpoint.checkpoint_output_dir, name, model, state, run.cfg.to_dict(),
                            extra_files=checkpoint_tokenizer_files(run.model.config.vocab_size,
-                                                       run.cfg.tokenizer_name_or_path))
+                                                       run.cfg.data.tokenizer_name_or_path))
     log.info(f"saved checkpoint {path}")
-    if run.cfg.keep_checkpoints:
-        for old in prune_checkpoints(run.cfg.checkpoint_output_dir, run.cfg.keep_checkpoints):
-            log.info(f"removed checkpoint {old} (--keep-checkpoints {run.cfg.keep_checkpoints})")
+    if run.cfg.checkpoint.keep_checkpoints:
+        for old in prune_checkpoints(run.cfg.checkpoint.checkpoint_output_dir, run.cfg.checkpoint.keep_checkpoints):
+            log.info(f"removed checkpoint {old} (--keep-checkpoints {run.cfg.checkpoint.keep_checkpoints})")
     wait_for_rank0()
 
 
 def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
     """--auto-resume: resume from the latest checkpoint in --checkpoint-output-dir when there is one
     (a requeued or restarted job); otherwise the run starts as its other flags say."""
-    if not cfg.auto_resume:
+    ckpt = cfg.checkpoint
+    if not ckpt.auto_resume:
         return cfg
-    latest = latest_checkpoint(cfg.checkpoint_output_dir)
+    latest = latest_checkpoint(ckpt.checkpoint_output_dir)
     if latest is None:
-        log.info(f"auto-resume: no checkpoint in {cfg.checkpoint_output_dir} yet; starting "
-                 + (f"from {cfg.checkpoint_input_dir}" if cfg.checkpoint_input_dir else "a new run"))
+        log.info(f"auto-resume: no checkpoint in {ckpt.checkpoint_output_dir} yet; starting "
+                 + (f"from {ckpt.checkpoint_input_dir}" if ckpt.checkpoint_input_dir else "a new run"))
         return cfg
     log.info(f"auto-resume: continuing from {latest}")
     return cfg.replace(checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
@@ -125,7 +126,8 @@ def checkpoint_tokenizer_files(vocab_size: int, tokenizer_path: str | None = Non
     return files
 
 
-def checkpoint_name(cfg: TrainConfig, progress: Progress, epoch_done: bool, last: bool) -> str | None:
+def checkpoint_name(cfg: CheckpointArgs, progress: Progress, epoch_done: bool, last: bool) -> str | None:
+    """The checkpoint to write after this host step (`epoch_N`, `step_N`), or None for no save."""
     if not cfg.checkpoint_output_dir:
         return None
     if epoch_done and progress.epoch % cfg.save_per_epochs == 0:
@@ -143,7 +145,7 @@ def resume(run: Run, ckpt_dir, progress: Progress) -> None:
         run.scaler.load_state_dict(state["loss_scaler"])
         for k, v in state["progress"].items():
             setattr(progress, k, v)
-        restore_rng_state(state, run.device, run.cfg.seed, progress.step)
+        restore_rng_state(state, run.device, run.cfg.data.seed, progress.step)
     except (KeyError, ValueError, RuntimeError) as exc:
         raise UsageError(f"{ckpt_dir}: training state does not fit this run ({type(exc).__name__}: {exc}); "
                          "resume with the same --model and --optimizer") from None

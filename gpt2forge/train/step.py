@@ -75,7 +75,7 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     all_reduce_sum(totals)  # the loss lives on the last stage: others add zeros
     finite = run.scaler.unscale_and_check(run.strategy.trainable_parameters())
     # The global gradient norm (before clipping): logged, and it says whether the update is finite.
-    norm = run.strategy.clip_grad_norm(run.cfg.max_grad_norm)
+    norm = run.strategy.clip_grad_norm(run.cfg.optim.max_grad_norm)
     run.grad_norm = norm
     if not run.scaler.enabled:  # fp32/bf16: a non-finite gradient skips the update too
         finite = math.isfinite(norm)
@@ -95,7 +95,7 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
 def _skip_update(run: Run) -> None:
     """A non-finite gradient: no update, a notice, and the run stops after --max-nonfinite-updates in a row."""
     run.nonfinite_in_a_row += 1
-    limit = run.cfg.max_nonfinite_updates
+    limit = run.cfg.optim.max_nonfinite_updates
     update = run.scheduler.last_epoch
     log.notice(f"update {update}: non-finite gradients, update skipped ({run.nonfinite_in_a_row} in a row, "
                f"the run stops at {limit})")

@@ -47,8 +47,8 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
     The order is a permutation seeded by (seed, epoch), so it does not depend on where a run
     was resumed; the DataLoader gets its own generator so it never draws from the global RNG.
     """
-    B = run.cfg.batch_size
-    micro_per_step = run.accumulation * run.cfg.device_iterations
+    B = run.cfg.parallel.batch_size
+    micro_per_step = run.accumulation * run.cfg.parallel.device_iterations
     count = steps_per_epoch * micro_per_step * B
     pin = run.device.type == "cuda"
     if isinstance(dataset, IterableDataset):
@@ -58,7 +58,7 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         if isinstance(dataset, ShardedStream):  # a replica's pipeline stages read the same records
             dataset.shard(run.replica.rank, run.replica.world_size)
         stream = dataset.epoch_stream(progress.epoch, B, start, group=run.accumulation)
-        loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.num_workers,
+        loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.data.num_workers,
                             pin_memory=pin, generator=torch.Generator())
         batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
     else:
@@ -67,15 +67,17 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         if isinstance(dataset, EpochOrdered):
             order = dataset.epoch_indices(progress.epoch, count)
         elif shuffle:
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(run.cfg.seed + progress.epoch))
+            seed = run.cfg.data.seed + progress.epoch
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
         else:
             order = torch.arange(len(dataset))
         # (step, update, replica, micro-batches of the update): replica r takes its own slice of every
         # update, so the union over replicas is what one process with all the accumulation would see.
-        used = order[:count].view(steps_per_epoch, run.cfg.device_iterations, env.world_size, -1)[:, :, env.rank]
+        iterations = run.cfg.parallel.device_iterations
+        used = order[:count].view(steps_per_epoch, iterations, env.world_size, -1)[:, :, env.rank]
         used = used.reshape(steps_per_epoch, micro_per_step, B)
         batches = DataLoader(dataset, batch_sampler=used[progress.step_in_epoch:].reshape(-1, B).tolist(),
-                             collate_fn=collate, num_workers=run.cfg.num_workers, pin_memory=pin,
+                             collate_fn=collate, num_workers=run.cfg.data.num_workers, pin_memory=pin,
                              generator=torch.Generator())
     group: list[torch.Tensor] = []
     try:
@@ -94,20 +96,21 @@ def run_training(cfg: TrainConfig) -> int:
     env = env_from_launcher()
     check_world(env, cfg.parallel.replication_factor, stages_of(cfg.parallel))  # before any process group work
     cfg = apply_auto_resume(cfg)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    device = device_for(env, resolve_device(cfg.device))
+    torch.manual_seed(cfg.data.seed)
+    random.seed(cfg.data.seed)
+    device = device_for(env, resolve_device(cfg.runtime.device))
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)  # the current device is the run's (synchronize, streams, compile)
     if device.type == "cpu":
         configure_host_allocator()
-    precision = resolve_precision(cfg.precision, device)
-    if cfg.plan:
+    precision = resolve_precision(cfg.runtime.precision, device)
+    if cfg.runtime.plan:
         model_cfg, _ = resolve_model_config(cfg)
         build_layout(cfg.parallel, model_cfg.n_layer)  # the layout flags must describe this model
-        zero = cfg.zero_stage if cfg.zero_stage is not None else int(cfg.replicated_tensor_sharding)
+        parallel = cfg.parallel
+        zero = parallel.zero_stage if parallel.zero_stage is not None else int(parallel.replicated_tensor_sharding)
         return run_plan(cfg.parallel, cfg.memory, model_cfg, cfg.arch.max_len, device, autocast_dtype(precision), zero)
-    configure_matmul(device, precision, cfg.enable_half_partials)
+    configure_matmul(device, precision, cfg.runtime.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device)
     layout = build_layout(cfg.parallel, model.config.n_layer, env.world_size)
     accumulation = report_layout(layout, cfg.parallel, cfg.data.async_dataloader)
@@ -120,63 +123,63 @@ def run_training(cfg: TrainConfig) -> int:
 
 def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str, model: GPT2LMHeadModel,
            ckpt_dir, layout: Layout, accumulation: int) -> int:
-    torch.manual_seed(cfg.seed + env.rank)  # same initial weights everywhere, different dropout per replica
+    torch.manual_seed(cfg.data.seed + env.rank)  # same initial weights everywhere, different dropout per replica
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
     apply_memory_features(model, cfg.memory, device)
     offload = offload_optimizer(cfg.memory, device)
-    zero = resolve_zero_stage(cfg.zero_stage, cfg.replicated_tensor_sharding, env)
+    zero = resolve_zero_stage(cfg.parallel.zero_stage, cfg.parallel.replicated_tensor_sharding, env)
     strategy = _build_strategy(cfg, env, layout, model, device, precision, accumulation, zero, offload)
     _print_stage_plan(cfg, env, layout, model, device, precision, accumulation, zero)
     optimizer = _build_optimizer(cfg, strategy, device)
-    scaler = LossScaler(precision == "fp16", 1.0 if cfg.auto_loss_scaling else cfg.loss_scaling,
-                        cfg.auto_loss_scaling)
-    if cfg.compile_only:
+    scaler = LossScaler(precision == "fp16", 1.0 if cfg.runtime.auto_loss_scaling else cfg.runtime.loss_scaling,
+                        cfg.runtime.auto_loss_scaling)
+    if cfg.runtime.compile_only:
         return _compile_only(cfg, strategy, optimizer, scaler, device, precision)
 
-    micro_per_step = accumulation * cfg.device_iterations
-    samples_per_step = micro_per_step * cfg.batch_size * strategy.replica.world_size  # = cfg.samples_per_step
+    micro_per_step = accumulation * cfg.parallel.device_iterations
+    samples_per_step = micro_per_step * cfg.parallel.batch_size * strategy.replica.world_size  # = cfg.samples_per_step
     log.banner("Loading data")
     t0 = time.perf_counter()
-    data = load_datasets(DataRequest(cfg.dataset, tuple(cfg.input_files or ()), cfg.max_len,
-                                     model.config.vocab_size, cfg.seed, cfg.stride, cfg.val_num,
-                                     samples_per_step, split=cfg.split, epochs=cfg.epochs,
-                                     training_steps=cfg.training_steps, verify=cfg.verify))
+    data = load_datasets(DataRequest(cfg.data.dataset, tuple(cfg.data.input_files or ()), cfg.arch.max_len,
+                                     model.config.vocab_size, cfg.data.seed, cfg.data.stride, cfg.data.val_num,
+                                     samples_per_step, split=cfg.data.split, epochs=cfg.optim.epochs,
+                                     training_steps=cfg.optim.training_steps, verify=cfg.data.verify))
     steps_per_epoch = len(data.train) // samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
                          f"({samples_per_step}); reduce --batch-size, --gradient-accumulation or "
                          "--device-iterations, or add data")
-    total_steps = cfg.training_steps or cfg.epochs * steps_per_epoch
+    total_steps = cfg.optim.training_steps or cfg.optim.epochs * steps_per_epoch
     log.info(f"Samples per epoch: {len(data.train)}")
     log.info(f"Steps per epoch: {steps_per_epoch}")
     log.info(f"Data loaded in {time.perf_counter() - t0:.2f} secs")
 
-    total_updates = total_steps * cfg.device_iterations
-    decay = cfg.lr_decay_steps or total_updates
-    warmup = resolve_warmup_steps(decay, cfg.lr_warmup, cfg.lr_warmup_steps)
-    scheduler = build_lr_schedule(optimizer, cfg.lr_schedule, decay, warmup)
+    total_updates = total_steps * cfg.parallel.device_iterations
+    decay = cfg.optim.lr_decay_steps or total_updates
+    warmup = resolve_warmup_steps(decay, cfg.optim.lr_warmup, cfg.optim.lr_warmup_steps)
+    scheduler = build_lr_schedule(optimizer, cfg.optim.lr_schedule, decay, warmup)
     run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, accumulation)
     if env.enabled:
         run.watchdog = Watchdog(strategy.process_name)
         strategy.attach_watchdog(run.watchdog)
-    if cfg.eval_wikitext or cfg.eval_lambada:
-        run.quick_eval = QuickEval(cfg.eval_wikitext, cfg.eval_lambada, cfg.max_len, model.config.vocab_size,
-                                   cfg.batch_size)
+    if cfg.eval.eval_wikitext or cfg.eval.eval_lambada:
+        run.quick_eval = QuickEval(cfg.eval.eval_wikitext, cfg.eval.eval_lambada, cfg.arch.max_len,
+                                   model.config.vocab_size, cfg.parallel.batch_size)
     progress = Progress()
-    if cfg.resume_training_from_checkpoint:
+    if cfg.checkpoint.resume_training_from_checkpoint:
         resume(run, ckpt_dir, progress)
     peak = device_peak(device, precision)
     if peak and device.type == "cuda":
         peak *= env.world_size  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
-    meter = StepMeter(cfg.samples_per_step, cfg.max_len, model.config.flops_per_token(cfg.max_len), peak)
+    meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, model.config.flops_per_token(cfg.arch.max_len), peak)
     monitor = RunMonitor(cfg, model.config, total_steps)
     try:
         _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
     finally:
         monitor.close()
-    if cfg.sample_tokens:
+    if cfg.eval.sample_tokens:
         with _paused(run):
             maybe_sample(cfg, whole_model(run), device)
     return 0
@@ -193,8 +196,9 @@ def _build_strategy(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2L
     compiles `model`; memory features are applied before)."""
     return build_strategy(model, ParallelRequest(
         device=device, env=env, layout=layout, zero=zero, offload=offload, param_dtype=autocast_dtype(precision),
-        compile_mode="true" if cfg.compile_only else cfg.torch_compile, compile_cache=cfg.executable_cache_dir,
-        schedule=cfg.pipeline_schedule, micro_batches=accumulation, batch_size=cfg.batch_size))
+        compile_mode="true" if cfg.runtime.compile_only else cfg.runtime.torch_compile,
+        compile_cache=cfg.runtime.executable_cache_dir,
+        schedule=cfg.parallel.pipeline_schedule, micro_batches=accumulation, batch_size=cfg.parallel.batch_size))
 
 
 def _print_stage_plan(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
@@ -204,15 +208,15 @@ def _print_stage_plan(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT
         return
     plans = build_plan(cfg.parallel, cfg.memory, model.config, cfg.arch.max_len, device, autocast_dtype(precision),
                        zero, replicas=layout.data_parallel, micro_batches=accumulation)
-    print_plan(plans, f"Stage balance and memory per process ({cfg.pipeline_schedule}, {accumulation} "
-                      f"micro-batches of {cfg.batch_size} x {cfg.max_len}; GiB):")
-    print_compute_balance(model.config, layout.layers_per_stage, cfg.max_len)
+    print_plan(plans, f"Stage balance and memory per process ({cfg.parallel.pipeline_schedule}, {accumulation} "
+                      f"micro-batches of {cfg.parallel.batch_size} x {cfg.arch.max_len}; GiB):")
+    print_compute_balance(model.config, layout.layers_per_stage, cfg.arch.max_len)
 
 
 def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer over what this process trains, placed (offloaded, ZeRO-1 sharded) as the strategy says."""
     placement = strategy.optimizer_placement()
-    return build_optimizer(placement.module, cfg.optimizer, cfg.learning_rate, cfg.weight_decay,
+    return build_optimizer(placement.module, cfg.optim.optimizer, cfg.optim.learning_rate, cfg.optim.weight_decay,
                            device_type=device.type, offload=placement.offload, shard=placement.shard,
                            shard_group=placement.shard_group)
 
@@ -220,7 +224,7 @@ def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device)
 def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
           monitor: RunMonitor) -> None:
     cfg = run.cfg
-    shuffle = cfg.dataset != "generated"
+    shuffle = cfg.data.dataset != "generated"
     log.banner("Training")
     run.model.train()
     last_val: tuple[float, float, int] | None = None
@@ -232,12 +236,12 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
             data_wait = 0.0  # host seconds blocked on the data loader in this step
             if run.watchdog is not None:
                 run.watchdog.kick(f"step {progress.step} (update {progress.updates})")
-            for _ in range(cfg.device_iterations):
+            for _ in range(cfg.parallel.device_iterations):
                 t_wait = time.perf_counter()
                 micro_batches = next(updates)
                 data_wait += time.perf_counter() - t_wait
                 totals += train_step(run, micro_batches)
-            progress.updates += cfg.device_iterations
+            progress.updates += cfg.parallel.device_iterations
             loss_sum, correct, tokens = totals.tolist()  # syncs the device
             t_end = synchronize(run.device)
             loss, acc = loss_sum / max(tokens, 1), correct / max(tokens, 1)
@@ -255,7 +259,7 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 progress.epoch += 1
                 progress.step_in_epoch = 0
             last = progress.step >= total_steps
-            if progress.step % cfg.log_steps == 0 or last:
+            if progress.step % cfg.logging.log_steps == 0 or last:
                 log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
                          f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}, "
                          f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%, "
@@ -265,7 +269,8 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                           "loss_scale": run.scaler.scale, "samples_per_sec": samples_s,
                           "tokens_per_sec": tokens_s, "tokens_per_sec_per_process": tokens_s / run.dist_env.world_size,
                           "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct})
-            eval_now = epoch_done or last or bool(cfg.eval_every_steps and progress.step % cfg.eval_every_steps == 0)
+            every = cfg.eval.eval_every_steps
+            eval_now = epoch_done or last or bool(every and progress.step % every == 0)
             if progress.step == 1:
                 run.strategy.report_peak_memory(peak_gib)
             with _paused(run):
@@ -280,7 +285,7 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                         quick = run.quick_eval.run(whole, run.precision)  # rank 0 alone
                         log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
                     wait_for_rank0()
-                name = checkpoint_name(cfg, progress, epoch_done, last)
+                name = checkpoint_name(cfg.checkpoint, progress, epoch_done, last)
                 if name:
                     metrics = {"loss": loss, "acc": acc}
                     if last_val:
@@ -297,7 +302,8 @@ def _compile_only(cfg: TrainConfig, strategy: Strategy, optimizer: torch.optim.O
     scheduler = build_lr_schedule(optimizer, "constant", 1, 0)
     run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, 1)
     gen = torch.Generator().manual_seed(42)
-    batch = torch.randint(1, strategy.model.config.vocab_size, (cfg.batch_size, cfg.max_len + 1), generator=gen)
+    shape = (cfg.parallel.batch_size, cfg.arch.max_len + 1)
+    batch = torch.randint(1, strategy.model.config.vocab_size, shape, generator=gen)
     t0 = time.perf_counter()
     train_step(run, [batch.to(device)])
     synchronize(device)
