@@ -35,6 +35,7 @@ from gpt2forge.core import log
 from gpt2forge.core.errors import collect
 from gpt2forge.core.flags import opt, positive
 from gpt2forge.model.config import ModelConfig
+from gpt2forge.model.gpt2 import Block
 from gpt2forge.ops.lm_head_loss import LossChunking
 from gpt2forge.parallel.topology import ParallelArgs
 
@@ -102,9 +103,7 @@ def block_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: t
     the block's input are counted once each. On a GPU it really runs; on the CPU it runs on fake
     tensors (shapes only: the same graph and saved tensors, no arithmetic, so emulated bf16 costs
     nothing)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from gpt2forge.model.gpt2 import Block
+    from torch._subclasses.fake_tensor import FakeTensorMode  # private torch API: imported only where used
 
     fake = device.type == "cpu" if fake is None else fake
     block = Block(cfg, 0).to(device).train()

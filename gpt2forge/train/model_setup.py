@@ -13,6 +13,7 @@ from gpt2forge.generate.generator import sample
 from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.text.tokenizer import load_tokenizer
 from gpt2forge.train.config import TrainConfig
 
 
@@ -34,8 +35,6 @@ def resolve_model_config(cfg: TrainConfig) -> tuple[ModelConfig, Path | None]:
     mcfg = ModelConfig.from_json(cfg.arch.model_config) if cfg.arch.model_config else ModelConfig.preset(cfg.arch.model)
     mcfg.n_positions = cfg.arch.max_len
     if cfg.data.tokenizer_name_or_path:  # the data's tokenizer sets the vocabulary of a fresh model
-        from gpt2forge.text.tokenizer import load_tokenizer
-
         mcfg.vocab_size = load_tokenizer(cfg.data.tokenizer_name_or_path).vocab_size
     return mcfg, None
 
@@ -56,8 +55,6 @@ def maybe_sample(cfg: TrainConfig, model: GPT2LMHeadModel, device: torch.device)
     """Print --sample-tokens generated tokens after training (GPT-2 vocabulary models only)."""
     if cfg.eval.sample_tokens <= 0 or log.rank() != 0:
         return
-    from gpt2forge.text.tokenizer import load_tokenizer
-
     tok = load_tokenizer(cfg.data.tokenizer_name_or_path)
     if model.config.vocab_size != tok.vocab_size:
         log.notice(f"no sample: the model's vocabulary ({model.config.vocab_size}) is not the GPT-2 BPE's")
