@@ -130,7 +130,8 @@ def build_layout(cfg: ParallelArgs, n_layer: int, world_size: int = 1) -> Layout
 
 
 def report_layout(layout: Layout, cfg: ParallelArgs, async_dataloader: bool = False) -> int:
-    """Print the stage map and the notices for co-located stages / missing replicas / no-op flags.
+    """Print the stage map and the notices for co-located stages / missing replicas / no-op flags
+    (`async_dataloader` is the data section's --async-dataloader, one of them).
     Returns the gradient accumulation this process must run to keep the global batch."""
     if layout.stages > 1:
         log.banner("Device Allocation")

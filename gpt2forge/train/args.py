@@ -39,7 +39,8 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
     parser.add_argument("--train-path", dest="train_path",
                         help="(old) generated | a .pkl path | tfrecord (with --tfrecord-path GLOB) | dynamic "
                              "(mmap, with --data-prefix PREFIX); sets --dataset (and --input-files for a .pkl)")
-    groups = {attr: parser.add_argument_group(section_cls.__doc__) for attr, section_cls in SECTIONS.items()}
+    groups = {attr: parser.add_argument_group(f"{attr} ({section_cls.__name__})", section_cls.__doc__)
+              for attr, section_cls in SECTIONS.items()}
     for attr, f, hint in _section_fields():
         meta = f.metadata
         names = [f"--{flag(f.name)}", *meta.get("aliases", ())]
