@@ -61,6 +61,14 @@ def test_flat_names_are_unchanged_and_unique():
     assert cfg.to_dict()["layers_per_ipu"] == [0, 2] and cfg.to_dict()["dataset"] == "generated"
 
 
+def test_sections_are_the_train_config_fields():
+    fields = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    assert list(fields) == list(SECTIONS)
+    assert all(fields[attr] == cls.__name__ for attr, cls in SECTIONS.items())
+    assert all(isinstance(getattr(TrainConfig.from_flat({"dataset": "generated"}), attr), cls)
+               for attr, cls in SECTIONS.items())
+
+
 def test_help_lists_every_flag_with_its_help_line_grouped_by_section():
     text = "".join(build_parser().format_help().split())  # argparse wraps lines, also at hyphens
     for cls in SECTIONS.values():
