@@ -1,5 +1,6 @@
 # Quick start: `make train` (set up if needed, pretrain a small GPT-2 on the embedded corpus) and
-# `make test`. Bare `make` builds the custom ops library (the first target, as in the reference).
+# `make test` (lint, then the whole suite; `make test-fast` leaves out the tests marked slow). Bare `make`
+# builds the custom ops library (the first target, as in the reference).
 #
 # CUDA users: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" train
 PYTHON_SYS ?= python3
@@ -24,7 +25,7 @@ TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-fi
 	--precision $(PRECISION) --torch-compile true --num-workers 0 --log-steps 20 --eval-every-steps 150 \
 	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 150 --sample-tokens 60 --sample-prompt "The module"
 
-.PHONY: all custom_ops setup train test bench clean distclean
+.PHONY: all custom_ops setup train lint test test-fast bench clean distclean
 
 all: custom_ops
 
@@ -52,8 +53,15 @@ $(CORPUS): $(STAMP) $(VOCAB)
 train: setup $(CORPUS)
 	$(PY) train_gpt2.py $(TRAIN_ARGS)
 
-test: setup
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: setup lint
 	$(PY) -m pytest -q
+
+# Leaves out torchrun and end-to-end training tests (@pytest.mark.slow): about a minute on 2 cores.
+test-fast: setup lint
+	$(PY) -m pytest -q -m "not slow"
 
 # make bench BENCH=<benchmark, variant or group> (groups: cpu, cpu-host, cuda, all; see benchmarks.yml)
 BENCH      ?= cpu

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from gpt2forge.core.errors import UsageError, cli_main
-from gpt2forge.train.observe import parse_profile_steps
 from gpt2forge.benchmark.runner import FAILED, PASSED, SKIPPED, RunOptions, run_variant, write_results
 from gpt2forge.benchmark.spec import build_variants, load_spec, select
+from gpt2forge.core.errors import UsageError, cli_main
+from gpt2forge.train.observe import parse_profile_steps
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for v in variants:
             print(f"{v.name} [{v.hardware}]: {v.command}")
         return 0
-    from gpt2forge.tools.machine_report import environment, format_report  # imports torch: after the spec is known to be valid
+    # Imported here, after the spec is known to be valid: the machine report imports torch.
+    from gpt2forge.tools.machine_report import environment, format_report  # lazy: imports torch
 
     env = environment()
     header = format_report(env) + "\n"

@@ -163,7 +163,7 @@ def build_variants(spec_path: str | Path, name: str, entry: dict[str, Any]) -> l
     derived = {m: str(s["expr"]) for m, s in (entry.get("derived") or {}).items()}
     out = []
     for params in expand_parameters(entry.get("parameters")):
-        cmd = _PLACEHOLDER.sub(lambda m: params[m[1]], entry["cmd"])
+        cmd = _PLACEHOLDER.sub(lambda m, p=params: p[m[1]], entry["cmd"])
         cmd = _ENV_VAR.sub(lambda m: env.get(m[1] or m[2], m[0]), cmd)
         argv = shlex.split(cmd)  # newlines and runs of spaces are plain separators
         if argv and argv[0] in ("python", "python3"):

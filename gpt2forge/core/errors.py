@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 class UsageError(ValueError):

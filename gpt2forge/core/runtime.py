@@ -26,7 +26,6 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 
-
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
 
 

@@ -22,8 +22,9 @@ How the trainer reads an epoch (``train.trainer.epoch_updates``) -- a reader may
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -184,7 +184,7 @@ class IndexedWriter:
         Path(self._bin_tmp).unlink(missing_ok=True)
         self._done = True
 
-    def __enter__(self) -> "IndexedWriter":
+    def __enter__(self) -> IndexedWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

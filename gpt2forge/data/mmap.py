@@ -40,10 +40,10 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.atomic import fsync_path
-from gpt2forge.ops.library import load_custom_ops
+from gpt2forge.core.errors import UsageError
 from gpt2forge.data.contract import DataRequest, DatasetSplit
 from gpt2forge.data.indexed import IndexedDataset
-from gpt2forge.core.errors import UsageError
+from gpt2forge.ops.library import load_custom_ops
 
 SPLIT_NAMES = ("train", "valid", "test")
 MAPS = ("doc_idx", "sample_idx", "shuffle_idx")

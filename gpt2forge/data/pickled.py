@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data.contract import DataRequest, DatasetSplit
 from gpt2forge.data.safe_pickle import safe_load
-from gpt2forge.core.errors import UsageError
 
 RECREATE = (
     "python data/wikipedia_preprocess.py --input-file-path <wikiextractor output dir> "

@@ -38,10 +38,10 @@ import torch
 from tqdm import tqdm
 
 from gpt2forge.core import log
+from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data.contract import DataRequest, DatasetSplit, ShardedStream
 from gpt2forge.data.mmap import split_boundaries
-from gpt2forge.core.errors import UsageError
 
 FEATURE = "input_ids"
 HEADER_BYTES, FOOTER_BYTES = 12, 4  # uint64 length + uint32 masked CRC; uint32 masked CRC
@@ -209,7 +209,7 @@ class TFRecordDataset(ShardedStream):
         last = (self._global_block(blocks - 1, rank, world) + 1) * self.block
         return blocks * self.block - max(last - (self.end - self.first), 0)
 
-    def epoch_stream(self, epoch: int, block: int, start_block: int = 0, group: int = 1) -> "TFRecordDataset":
+    def epoch_stream(self, epoch: int, block: int, start_block: int = 0, group: int = 1) -> TFRecordDataset:
         """A view of epoch ``epoch`` for this rank: its blocks of ``block`` items from its block
         ``start_block`` on. Ranks take ``group`` consecutive blocks in turn (the trainer passes the
         micro-batches per update), so R ranks together read what one process would in one update."""

@@ -8,7 +8,14 @@
 - `quick`: the capped version the trainer runs next to its validation loss.
 """
 
-from gpt2forge.evaluation.protocol import ClozeExample, ClozeResult, PerplexityResult, Window, WindowPlan, count_original_tokens
+from gpt2forge.evaluation.protocol import (
+    ClozeExample,
+    ClozeResult,
+    PerplexityResult,
+    Window,
+    WindowPlan,
+    count_original_tokens,
+)
 from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_stream, score_batch
 
 __all__ = ["ClozeExample", "ClozeResult", "PerplexityResult", "Window", "WindowPlan", "count_original_tokens",

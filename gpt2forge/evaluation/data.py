@@ -4,9 +4,9 @@ prefix, or LAMBADA's JSON lines. Every problem is a UsageError naming the file."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

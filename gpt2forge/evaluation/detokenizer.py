@@ -9,8 +9,8 @@ tokenizers. LAMBADA's OpenAI version is already plain text: its detokenizer is t
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def ptb_detokenizer(text: str) -> str:

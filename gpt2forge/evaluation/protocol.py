@@ -20,8 +20,8 @@ are counted); Megatron's strict mode dropped them from the denominator instead.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from gpt2forge.core.errors import UsageError
 

@@ -12,8 +12,8 @@ Any model works: ours (`transformer` + `logits`, the fast path above), or any mo
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt2forge.ops import library as custom_ops
 from gpt2forge.core.runtime import cpu_half_matmul_is_emulated
+from gpt2forge.ops import library as custom_ops
 
 GEMV_MAX_ROWS = 16
 """Above this many rows (prefill, training) BLAS's blocked matmul is faster: F.linear runs."""

@@ -15,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
 
+from gpt2forge.core.runtime import synchronize
 from gpt2forge.generate.kv_cache import CachedLM
-from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
 # on_token(step, ids of every row this step (B,), finished flags after this step (B,))
 TokenCallback = Callable[[int, list[int], list[bool]], None]
@@ -41,12 +42,6 @@ class GenerationResult:
     @property
     def total_s(self) -> float:
         return self.prefill_s + sum(self.step_s)
-
-
-def _sync(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 @contextlib.contextmanager
@@ -89,14 +84,14 @@ class Generator:
         """Pick the generation's thread count, then run the decode step `steps` times on dummy
         inputs (compilation, CUDA graph capture, allocator warm-up) so that later timings exclude
         them. Returns the seconds it took."""
-        t0 = _sync(self.device)
+        t0 = synchronize(self.device)
         self.threads = self._probe_threads()
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
         pad = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
         with num_threads(self.threads):
             for s in range(steps):
                 self.step(ids, torch.tensor([s], device=self.device), pad)
-        return _sync(self.device) - t0
+        return synchronize(self.device) - t0
 
     def _probe_threads(self) -> int:
         """The faster of 1 and all of torch's threads for an (eager) decode step, on CPU.
@@ -168,9 +163,9 @@ class Generator:
         step_s: list[float] = []
 
         with num_threads(self.threads):
-            t0 = _sync(self.device)
+            t0 = synchronize(self.device)
             tok = next_token(self.lm(ids, slots[:P], pad), sampling, self.vocab_size, seen, generator)  # (B,)
-            prefill_s = _sync(self.device) - t0
+            prefill_s = synchronize(self.device) - t0
             for t in range(max_new_tokens):
                 t0 = time.perf_counter()
                 if t > 0:  # feed the previous token, in slot P + t - 1

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from tqdm import tqdm
 

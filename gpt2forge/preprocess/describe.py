@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2forge.core.errors import UsageError
 from gpt2forge.data.indexed import IndexedDataset, exists
 from gpt2forge.data.safe_pickle import safe_load
-from gpt2forge.core.errors import UsageError
 from gpt2forge.text.tokenizer import load_tokenizer
 
 

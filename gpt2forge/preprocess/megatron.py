@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from tqdm import tqdm
 
-from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype, exists
 from gpt2forge.core.errors import UsageError, collect
-from gpt2forge.preprocess.engine import (Stats, TokenizerSpec, check_eod, chunk_records,
-                                         encode_chunks)
+from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype, exists
+from gpt2forge.preprocess.engine import Stats, TokenizerSpec, check_eod, chunk_records, encode_chunks
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "PretrainedFromHF")
 

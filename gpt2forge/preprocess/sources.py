@@ -12,8 +12,8 @@ import multiprocessing as mp
 import os
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from tqdm import tqdm
 

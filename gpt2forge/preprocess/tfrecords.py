@@ -17,16 +17,16 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from gpt2forge.core.atomic import fsync_path
+from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.data.indexed import IndexedDataset, exists
 from gpt2forge.data.safe_pickle import safe_load
-from gpt2forge.core.errors import UsageError, collect
 
 FEATURE = "input_ids"
 

@@ -22,8 +22,8 @@ import pickle
 import re
 import sysconfig
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from gpt2forge.core.atomic import write_atomic
 

@@ -175,7 +175,12 @@ def byte_level_bpe(vocab_file: Path, merge_file: Path):
     """A `tokenizers.Tokenizer`: ByteLevel BPE from a `vocab.json` + `merges.txt` pair, no prefix
     space, no special tokens (so `<|endoftext|>` in text is plain text until the caller adds it).
     Raises what `tokenizers` raises on files that are not such a pair."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # lazy: only non-GPT-2 tokenizers need it at run time
+    from tokenizers import (  # lazy: only non-GPT-2 tokenizers need it at run time
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+    )
 
     tok = Tokenizer(models.BPE.from_file(str(vocab_file), str(merge_file)))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

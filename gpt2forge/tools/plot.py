@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, cli_main
