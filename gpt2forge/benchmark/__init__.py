@@ -25,4 +25,7 @@ benchmark name -> entry (names containing `options` only hold YAML anchors). An 
 Spec errors (unknown keys, a missing parameter, a bad regexp, a regexp that never matches the
 output of a command that succeeded) name the benchmark and key and exit with code 2; a failing
 command exits with code 1.
+
+May import: every package below it; it uses gpt2forge.core, the trainer's profiling and run-folder
+settings (gpt2forge.train.observe) and the machine report (gpt2forge.tools).
 """

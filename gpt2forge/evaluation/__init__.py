@@ -6,6 +6,8 @@
 - `detokenizer`: WikiText / PTB / LAMBADA detokenizers.
 - `cli`: `tasks/evaluate_wiki.py` and `tasks/evaluate_lambada.py`.
 - `quick`: the capped version the trainer runs next to its validation loss.
+
+May import: gpt2forge.core, gpt2forge.ops, gpt2forge.text, gpt2forge.model, gpt2forge.data.
 """
 
 from gpt2forge.evaluation.protocol import (

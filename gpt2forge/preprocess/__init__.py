@@ -6,4 +6,6 @@
 - `tfrecords`: pickle or mmap -> TFRecord shards + `.index` files.
 - `bpe`: training a byte-level BPE tokenizer on any corpus.
 - `describe`: a summary of any data file (data/inspect_data.py).
+
+May import: gpt2forge.core, gpt2forge.text (tokenizers), gpt2forge.data (the formats it writes).
 """
