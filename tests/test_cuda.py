@@ -33,7 +33,8 @@ def _gpu_count() -> int:
 
 
 GPUS = _gpu_count()
-pytestmark = pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU")
+# cuda: needs a GPU (the skip below); slow: every test starts a process that trains or compiles.
+pytestmark = [pytest.mark.cuda, pytest.mark.slow, pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU")]
 
 
 def gpu_python(code: str) -> str:

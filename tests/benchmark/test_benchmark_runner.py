@@ -281,6 +281,7 @@ def test_spec_error_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.startswith("error: spec.yml: x: unknown key 'frobnicate'") and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_real_cpu_entry_with_profile_and_compile_only(tmp_path):
     """The shipped inference CPU entry, run by the runner as `make bench` does, under --profile."""
     log_dir = tmp_path / "logs"

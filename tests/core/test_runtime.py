@@ -71,6 +71,7 @@ def test_reduced_precision_training_runs_on_cpu(precision, tmp_path, capsys):
     assert len(losses) == 8 and all(l == l and l < 10 for l in losses)  # finite, not NaN
 
 
+@pytest.mark.slow
 def test_host_allocator_setting_applies_once_and_yields_to_the_environment():
     import os
     import subprocess

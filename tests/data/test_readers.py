@@ -473,6 +473,7 @@ def test_tfrecord_error_through_cli_exit_2(tiny_config, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_tfrecord_two_processes_equal_one(tmp_path):
     """torchrun with 2 gloo processes reads, per update, the records one process reads (losses and
     validation equal), through the rank-aware TFRecord stream."""

@@ -282,6 +282,7 @@ def test_prompt_file_plain_and_json(gpt2_ckpt, tmp_path, capsys):
     assert saved.startswith("Text generator record") and saved.count("Input: ") == 6
 
 
+@pytest.mark.slow
 @needs_vocab
 def test_interactive_mode_reads_stdin_until_empty_line(gpt2_ckpt):
     proc = subprocess.run([sys.executable, str(ROOT / "text_generate_gpt2.py"), "--model-name-or-path",

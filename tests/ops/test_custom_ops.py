@@ -73,6 +73,7 @@ def test_library_path_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_
 # --- build_info -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_build_info_reports_toolchain(ops, tmp_path: Path):
     info = ops.build_info()
     toolchain = ops_build.detect_toolchain(tmp_path)
@@ -93,6 +94,7 @@ def test_build_info_reports_toolchain(ops, tmp_path: Path):
 @pytest.mark.parametrize("alpha", [0.5, -1.75])
 # Empty, single, odd lengths, a 3-d shape, and one long enough for the OpenMP region
 # (> 2 * 32768 elements) that does not split evenly across threads.
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(0,), (1,), (7,), (1023,), (3, 5, 7), (100_003,)])
 def test_scaled_add_matches_reference(ops, shape: tuple[int, ...], alpha: float):
     gen = torch.Generator().manual_seed(0)
@@ -116,6 +118,7 @@ BAD_ARGUMENTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
 def test_scaled_add_rejects_bad_arguments_like_reference(ops, case: str):
     make_args, error = BAD_ARGUMENTS[case]
@@ -131,6 +134,7 @@ def test_scaled_add_dtype_message():
         custom_ops.scaled_add_reference(torch.zeros(2, dtype=torch.float64), torch.zeros(2), 1.0)
 
 
+@pytest.mark.slow
 def test_scaled_add_routes_to_kernel_without_grad_and_reference_with_grad(
     ops, monkeypatch: pytest.MonkeyPatch
 ):
@@ -185,6 +189,7 @@ def test_unloadable_library_falls_back_with_rebuild_hint(tmp_path: Path):
     assert "make clean && make" in notice
 
 
+@pytest.mark.slow
 def test_cli_info_loads_library_in_fresh_process(ops_library: Path):
     result = _run_cli("info", library=ops_library)
     assert result.returncode == 0, result.stderr
@@ -195,6 +200,7 @@ def test_cli_info_loads_library_in_fresh_process(ops_library: Path):
 # --- atomic build and clean ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_compiler
 def test_failed_link_keeps_previous_library_and_no_partial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -228,6 +234,7 @@ def test_failed_link_keeps_previous_library_and_no_partial(
     assert list(out.iterdir()) == [previous]  # the scratch directory is gone too
 
 
+@pytest.mark.slow
 @needs_compiler
 def test_compile_error_names_the_source_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture
@@ -259,6 +266,7 @@ def test_clean_removes_library_and_scratch_only(tmp_path: Path):
 
 @pytest.mark.parametrize("rows,K,N,bias", [(1, 768, 2304, True), (3, 37, 101, True), (4, 64, 9, False),
                                            (8, 3072, 96, True), (13, 40, 257, False), (16, 17, 33, True)])
+@pytest.mark.slow
 def test_gemv_linear_matches_f_linear(ops, rows: int, K: int, N: int, bias: bool):
     # 1, 4 and 8 rows use the 1-, 4- and 8-row AVX2 paths; 3, 13 and 16 mix them; K = 17, 37, 40
     # leave a tail after the 16-float steps.
@@ -268,6 +276,7 @@ def test_gemv_linear_matches_f_linear(ops, rows: int, K: int, N: int, bias: bool
     torch.testing.assert_close(ops.gemv_linear(x, W, b), torch.nn.functional.linear(x, W, b), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", [1, 5, 8, 40])
 def test_gemv_linear_bf16_weights_match_fp32_math_rounded_once(ops, rows: int):
     # bf16 weights are widened in registers and accumulated in fp32: the result is the fp32
@@ -281,6 +290,7 @@ def test_gemv_linear_bf16_weights_match_fp32_math_rounded_once(ops, rows: int):
     torch.testing.assert_close(y.float(), want, rtol=8e-3, atol=8e-3)
 
 
+@pytest.mark.slow
 def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch: pytest.MonkeyPatch):
     from gpt2forge.generate import gemv
     calls = []
@@ -297,6 +307,7 @@ def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch
     assert calls == [1] and W.grad is not None
 
 
+@pytest.mark.slow
 def test_with_gemv_linears_shares_weights_and_leaves_the_model_alone(ops):
     from gpt2forge.model.config import ModelConfig
     from gpt2forge.generate.gemv import GemvLinear, with_gemv_linears

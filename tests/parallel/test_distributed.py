@@ -51,6 +51,7 @@ def run(argv: list[str], nproc: int = 1, grad_norms: list[float] | None = None) 
     return [m.group(1) for line in proc.stdout.splitlines() if (m := STEP.match(line))]
 
 
+@pytest.mark.slow
 def test_two_replicas_with_zero1_equal_one_process_and_resume_in_another_layout(tiny_config, tmp_path):
     # One process: the 2 replicas become gradient accumulation 2 x 2 (same global batch of 8).
     single = run(args(tiny_config))
@@ -65,6 +66,7 @@ def test_two_replicas_with_zero1_equal_one_process_and_resume_in_another_layout(
     assert resumed == single[2:]
 
 
+@pytest.mark.slow
 def test_replicas_resume_with_their_own_dropout_streams(make_tiny_config, tmp_path):
     """With dropout, a 2-replica run resumed from its checkpoint continues exactly: every rank saves
     and restores its own random state (rank 0's for all would give both replicas the same masks)."""
@@ -76,6 +78,7 @@ def test_replicas_resume_with_their_own_dropout_streams(make_tiny_config, tmp_pa
     assert len(full) == 4 and resumed == full[2:]
 
 
+@pytest.mark.slow
 def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tmp_path):
     single = run(args(tiny_config, "--weight-decay", "0.1"))
     ckpt = tmp_path / "zero3"
@@ -92,6 +95,7 @@ def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tm
     assert got == pytest.approx(expected, abs=2e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer,zero", [("AdamW", "1"), ("LAMB", "1"), ("AdamW", "3")])
 def test_zero_with_offloaded_state_equals_plain_updates_and_resumes(optimizer, zero):
     """--optimizer-state-offchip with ZeRO-1 (each replica keeps its shard's state on the host) and
@@ -103,6 +107,7 @@ def test_zero_with_offloaded_state_equals_plain_updates_and_resumes(optimizer, z
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_preflight_names_a_rank_that_does_not_arrive():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -115,6 +120,7 @@ def test_preflight_names_a_rank_that_does_not_arrive():
     assert len(errors) == 1 and "Ranks 1 failed to pass monitoredBarrier" in errors[0], late.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_watchdog_dumps_stacks_and_exits_when_training_stalls():
     code = ("import time\nfrom gpt2forge.parallel.health import Watchdog\n"
             "w = Watchdog('rank 3 (pipeline stage 1)', timeout_s=0.5)\n"
@@ -141,6 +147,7 @@ def _pid_of_rank(rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find the worker")
 def test_a_rank_that_dies_ends_the_job_promptly_naming_it(tiny_config):
     argv = args(tiny_config)
@@ -162,6 +169,7 @@ def test_a_rank_that_dies_ends_the_job_promptly_naming_it(tiny_config):
     assert "rank      : 1" in root_cause and "SIGKILL" in root_cause
 
 
+@pytest.mark.slow
 def test_a_restarted_job_continues_from_its_latest_checkpoint(tiny_config, tmp_path):
     """MAX_RESTARTS through run/launch.sh with --auto-resume: rank 1 is killed after a checkpoint,
     torchrun restarts both workers, they continue from the latest checkpoint and end where an
@@ -194,6 +202,7 @@ def test_a_restarted_job_continues_from_its_latest_checkpoint(tiny_config, tmp_p
     assert sorted(d.name for d in (tmp_path / "b").iterdir() if d.is_dir()) == ["step_200", "step_240"]
 
 
+@pytest.mark.slow
 def test_a_stalled_rank_ends_the_job_with_the_stacks_of_the_one_waiting(tiny_config):
     """Rank 1 (pipeline stage 1) is stopped mid-training: rank 0's watchdog sees no progress (it waits
     for stage 1's gradients) and exits with its stacks instead of hanging until the collective timeout."""
@@ -230,6 +239,7 @@ def pipeline_args(cfg: Path, *extra: str) -> list[str]:
     return argv + ["--weight-decay", "0.1"]
 
 
+@pytest.mark.slow
 def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_config, tmp_path):
     # One process: both stages co-located, the 2 replicas as gradient accumulation (global batch 8).
     single_norms, pipelined_norms = [], []
@@ -261,6 +271,7 @@ def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_c
     assert [loss_of(line) for line in compiled] == pytest.approx([loss_of(line) for line in single], abs=2e-3)
 
 
+@pytest.mark.slow
 def test_four_stages_by_two_replicas_resume_in_one_process_and_in_two_stages(tiny_config, tmp_path):
     """The issue's layout test: 8 processes (4 stages, two of them without blocks, x 2 replicas with
     ZeRO-1) equal one process, and their checkpoint continues the same optimization in one process
@@ -281,6 +292,7 @@ def test_four_stages_by_two_replicas_resume_in_one_process_and_in_two_stages(tin
     assert run(layout(*resume), nproc=2) == single[2:]
 
 
+@pytest.mark.slow
 def test_pipelined_validation_runs_through_the_pipeline_and_equals_one_process(tiny_config, tmp_path):
     """Validation of a 2-stage x 2-replica run goes through the schedule's forward-only pass (7
     held-out windows: the replicas' last micro-batches are padded with unscored rows)."""
@@ -360,6 +372,7 @@ def test_launcher_builds_a_torchrun_command_that_torchrun_parses(env, expected):
     assert parsed.training_script == "train_gpt2.py" and parsed.training_script_args == ["--model", "gpt2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("node_ranks", [True, False])
 def test_two_nodes_through_the_launcher_equal_one_process(tiny_config, node_ranks):
     """Two torchrun agents ("nodes", one process each) meet on this host, as run/launch.sh starts

@@ -329,6 +329,7 @@ def _script(cmd: str, cwd: Path, monkeypatch, capsys) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 @needs_vocab
 def test_seed_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
     """Seed 000 (Megatron-DeepSpeed README) and seed 004 (the reference README), verbatim

@@ -203,6 +203,7 @@ def test_checkpoint_errors(tiny_config, tmp_path, capsys):
                                                    str(tmp_path / "nowhere")))
 
 
+@pytest.mark.slow
 def test_entry_point_prints_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "train_gpt2.py", "--dataset", "pickle", "--input-files",
                            str(tmp_path / "none.pkl"), "--model", "gpt2-test"], cwd=ROOT, capture_output=True,
@@ -211,6 +212,7 @@ def test_entry_point_prints_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr and "none.pkl" in proc.stderr
 
 
+@pytest.mark.slow
 def test_compile_only_exits_zero(tiny_config, capsys):
     pytest.importorskip("torch._inductor")
     if not any(os.access(os.path.join(d, "c++"), os.X_OK) for d in os.environ.get("PATH", "").split(":")):
