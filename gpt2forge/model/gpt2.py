@@ -126,31 +126,42 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Embeddings, blocks and final LayerNorm: ids (B, T) -> hidden states (B, T, C)."""
+    """Embeddings, blocks and final LayerNorm: ids (B, T) -> hidden states (B, T, C).
+
+    Parts may be missing, so that a pipeline stage is this model with what it does not own removed
+    (gpt2forge.parallel.pipeline): `wte`/`wpe` None (forward then takes hidden states (B, T, C) instead
+    of ids), `h` holding a subset of the blocks (an `nn.ModuleDict` keyed by the layer index as a
+    string, so the state-dict names stay `transformer.h.{i}...` whichever blocks remain), `ln_f` None
+    (forward returns the last block's output). Blocks run in the order of `h`, which is layer order.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.n_positions, cfg.n_embd)
+        self.wte: nn.Embedding | None = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
+        self.wpe: nn.Embedding | None = nn.Embedding(cfg.n_positions, cfg.n_embd)
         self.drop = Dropout(cfg.embd_pdrop)
-        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.h = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.n_layer)})
+        self.ln_f: nn.LayerNorm | None = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None,
                 kv_cache=None, last: int | None = None) -> torch.Tensor:
-        """input_ids (B, T) -> hidden (B, T, C). position_ids (B, T) default 0..T-1; kv_cache (inference)
-        holds one cache layer per block (see Attention.forward). `last` (evaluation, no cache): the
-        hidden states of the last `last` positions only, (B, last, C); the final block then computes
-        its attention output and MLP for those rows alone (its keys and values still span all T)."""
-        if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)
-        if last is not None and not 0 < last <= input_ids.shape[1]:
-            raise ValueError(f"last={last}: expected 1 .. {input_ids.shape[1]} positions")
-        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        """x: ids (B, T) int64, or hidden states (B, T, C) when `wte` is None -> hidden (B, T, C).
+        position_ids (B, T) default 0..T-1 (used only with the embeddings); kv_cache (inference)
+        holds one cache layer per block, indexed by layer (see Attention.forward). `last`
+        (evaluation, no cache): the hidden states of the last `last` positions only, (B, last, C);
+        the final block of `h` then computes its attention output and MLP for those rows alone (its
+        keys and values still span all T)."""
+        T = x.shape[1]
+        if last is not None and not 0 < last <= T:
+            raise ValueError(f"last={last}: expected 1 .. {T} positions")
+        if self.wte is not None:
+            if position_ids is None:
+                position_ids = torch.arange(T, device=x.device)
+            x = self.drop(self.wte(x) + self.wpe(position_ids))  # (B, T) ids -> (B, T, C)
         final = len(self.h) - 1
-        for i, block in enumerate(self.h):
-            x = block(x, None if kv_cache is None else kv_cache[i], last if i == final else None)
-        return self.ln_f(x)
+        for n, (i, block) in enumerate(self.h.items()):
+            x = block(x, None if kv_cache is None else kv_cache[int(i)], last if n == final else None)
+        return x if self.ln_f is None else self.ln_f(x)
 
 
 class LMLoss(NamedTuple):
@@ -162,13 +173,18 @@ class LMLoss(NamedTuple):
 
 
 class GPT2LMHeadModel(nn.Module):
-    """GPT-2 with the LM head tied to the token embedding (`lm_head.weight is transformer.wte.weight`)."""
+    """GPT-2 with the LM head tied to the token embedding (`lm_head.weight is transformer.wte.weight`).
+
+    `lm_head` may be None (with parts of `transformer` removed too, see Transformer): forward then
+    returns the hidden states. A pipeline stage is this model with what the stage does not own
+    removed; chaining the stages' forwards and `head_loss` gives the whole model's forward and loss.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self.transformer = Transformer(cfg)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
+        self.lm_head: nn.Linear | None = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight
         self.fused_loss: LossChunking | None = None
         """How `forward(ids, labels)` computes the loss: None = full logits + cross-entropy; a
@@ -196,12 +212,18 @@ class GPT2LMHeadModel(nn.Module):
         return mask_padded_vocab_(self.lm_head(hidden), self.config.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
-        """input_ids (B, T) int64.
+        """input_ids (B, T) int64, or hidden states (B, T, C) when `transformer.wte` is None.
 
-        Without labels: logits (B, T, padded_vocab), padded columns at -inf.
-        With labels (B, T, IGNORE_INDEX where not scored): an `LMLoss` of sums over scored tokens.
+        Without labels: logits (B, T, padded_vocab), padded columns at -inf; the hidden states
+        (B, T, C) when `lm_head` is None.
+        With labels (B, T, IGNORE_INDEX where not scored): an `LMLoss` of sums over scored tokens
+        (needs `lm_head`).
         """
         hidden = self.transformer(input_ids)  # (B, T, C)
+        if self.lm_head is None:
+            if labels is not None:
+                raise ValueError("labels given to a model without lm_head: score its hidden states with head_loss")
+            return hidden
         if labels is None:
             return self.logits(hidden)
         return head_loss(hidden, self.lm_head.weight, labels, self.config.vocab_size, self.fused_loss)

@@ -161,7 +161,7 @@ def shard_model(model: torch.nn.Module, stage: int, offload: bool, device: torch
 
     # The mesh names the device: left out, FSDP2 takes the host's accelerator even for a CPU run.
     options = fsdp_options(init_device_mesh(device.type, (dist.get_world_size(),)), stage, offload, param_dtype)
-    for block in model.transformer.h:
+    for block in model.transformer.h.values():
         fully_shard(block, **options)
     fully_shard(model, **options)
 

@@ -3,7 +3,8 @@
 Process grid: global rank = replica * stages + stage, so a replica's stages are neighbouring ranks
 and each stage's replicas form a data-parallel group: after the schedule's backward their gradients
 are averaged in one flat all-reduce per stage (DDP's reducer does not support GPipe's
-all-forwards-then-all-backwards order under no_sync). Stage 0 holds the
+all-forwards-then-all-backwards order under no_sync). A stage is the model with what it does not
+own removed (`stage_model`), so it runs the model's own forward. Stage 0 holds the
 embeddings and its blocks; the last stage holds `ln_f` and, as the LM head, a copy of the tied word
 embedding. After each update's backward the two copies' gradients are summed between the first
 and the last stage (Megatron's tied-embedding all-reduce), so both receive the same update and stay
@@ -32,14 +33,24 @@ import torch.distributed as dist
 from torch import nn
 
 from gpt2forge.core import log
-from gpt2forge.parallel.distributed import fsdp_options
-from gpt2forge.parallel.topology import Layout
 from gpt2forge.model.gpt2 import GPT2LMHeadModel, head_loss
-from gpt2forge.parallel.optimizer_state import load_named_state, merge_named, model_group_names, named_state, to_cpu, to_indexed, to_named
+from gpt2forge.parallel.distributed import fsdp_options
+from gpt2forge.parallel.optimizer_state import (
+    load_named_state,
+    merge_named,
+    model_group_names,
+    named_state,
+    to_cpu,
+    to_indexed,
+    to_named,
+)
+from gpt2forge.parallel.topology import Layout
 
-HEAD_COPY = "lm_head.weight"
-"""The last stage's copy of `transformer.wte.weight` (the tied LM head)."""
+HEAD_COPY = "head.weight"
+"""The last stage's copy of `transformer.wte.weight` (the tied LM head), named in the stage."""
 WTE = "transformer.wte.weight"
+WHOLE_HEAD = "lm_head.weight"
+"""The whole model's LM head: its embedding (tied)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,44 +78,36 @@ class Grid:
         return self.stage == self.stages - 1
 
 
-class StageModule(nn.Module):
-    """The part of the model one stage runs; parameter names are the whole model's (blocks keep
-    their indices: `transformer.h.5...`), except the last stage's head copy (`lm_head.weight`)."""
+def stage_model(model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool, copy: bool = False
+                ) -> GPT2LMHeadModel:
+    """The part of `model` one stage runs: the model itself with what the stage does not own removed
+    (as torchtitan builds pipeline stages), so its forward is the model's forward. The first stage
+    keeps the embeddings, every stage its `blocks` (keeping their indices and names:
+    `transformer.h.5...`), the last stage `ln_f`; `lm_head` is None, so the forward returns hidden
+    states. The last stage's LM head is the module `head` (a TiedHead, see StageLoss), whose weight is
+    the first stage's embedding itself when one stage is both, else an equal copy.
 
-    def __init__(self, model: GPT2LMHeadModel, blocks: list[int], first: bool, last: bool, compiled: bool = False,
-                 copy: bool = False):
-        """`copy`: the stage gets copies of the model's modules instead of sharing them."""
-        super().__init__()
-        t = model.transformer
-        take = copy_module.deepcopy if copy else (lambda m: m)
-        self.first, self.last = first, last
-        self.transformer = nn.Module()
-        if first:
-            self.transformer.wte, self.transformer.wpe, self.transformer.drop = take(t.wte), take(t.wpe), t.drop
-        self.transformer.h = nn.ModuleDict({str(i): take(t.h[i]) for i in blocks})
-        # torch.compile per block, as torchtitan does for pipeline stages: the blocks share one graph,
-        # and the wrappers stay outside the module tree (names, state dicts and the whole model on rank
-        # 0, which evaluates eagerly, are untouched).
-        self.run_blocks = [torch.compile(b) if compiled else b for b in self.transformer.h.values()]
-        if last:
-            self.transformer.ln_f = take(t.ln_f)
-            # The first stage's embedding itself when one stage is both, else an equal copy.
-            self.lm_head = TiedHead(self.transformer.wte.weight if first else
-                                    nn.Parameter(t.wte.weight.detach().clone()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Stage 0: ids (B, T) -> hidden (B, T, C); later stages: hidden -> hidden (after ln_f on the last)."""
-        if self.first:
-            positions = torch.arange(x.shape[1], device=x.device)
-            x = self.transformer.drop(self.transformer.wte(x) + self.transformer.wpe(positions))
-        for block in self.run_blocks:
-            x = block(x)
-        return self.transformer.ln_f(x) if self.last else x
+    `copy`: the stage gets copies of the model's modules instead of sharing them.
+    """
+    take = copy_module.deepcopy if copy else (lambda m: m)
+    t = model.transformer
+    with torch.device("meta"):  # a shell: every part with weights is replaced or removed below
+        stage = GPT2LMHeadModel(model.config)
+    stage.fused_loss = model.fused_loss
+    s = stage.transformer
+    s.wte, s.wpe = (take(t.wte), take(t.wpe)) if first else (None, None)
+    s.drop = t.drop
+    s.h = nn.ModuleDict({str(i): take(t.h[str(i)]) for i in blocks})
+    s.ln_f = take(t.ln_f) if last else None
+    stage.lm_head = None
+    if last:
+        stage.head = TiedHead(s.wte.weight if first else nn.Parameter(t.wte.weight.detach().clone()))
+    return stage
 
 
 class TiedHead(nn.Module):
-    """The last stage's LM head and loss, a module of its own so that FSDP2 can gather its weight
-    when the schedule's loss function calls it (outside the stage's forward)."""
+    """The last stage's LM head and loss (the model's `head_loss`), a module of its own so that FSDP2
+    can gather its weight when the schedule's loss function calls it (outside the stage's forward)."""
 
     def __init__(self, weight: nn.Parameter):
         super().__init__()
@@ -118,13 +121,13 @@ class StageLoss:
     """The pipeline's loss_fn on the last stage: the model's LM loss with the head copy, scaled by
     `scale` (loss scale x replicas / global tokens); records (loss sum, correct, tokens) per call."""
 
-    def __init__(self, module: StageModule, model: GPT2LMHeadModel):
-        self.module, self.vocab, self.chunking = module, model.config.vocab_size, model.fused_loss
+    def __init__(self, module: GPT2LMHeadModel):
+        self.module, self.vocab, self.chunking = module, module.config.vocab_size, module.fused_loss
         self.scale = 1.0
         self.records: list[torch.Tensor] = []
 
     def __call__(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss_sum, correct, tokens = self.module.lm_head(hidden, labels, self.vocab, self.chunking)
+        loss_sum, correct, tokens = self.module.head(hidden, labels, self.vocab, self.chunking)
         self.records.append(torch.stack([loss_sum.detach().float(), correct.float(), tokens.float()]))
         return loss_sum * self.scale
 
@@ -151,13 +154,20 @@ class Pipeline:
         blocks = [i for i, s in enumerate(self.stage_of_layer) if s == grid.stage]
         self.dp_group = dp_groups[grid.stage]
         self.fsdp = zero >= 2 and R > 1
-        self.module = StageModule(model, blocks, grid.first, grid.last, compiled,
-                                  copy=self.fsdp and grid.rank == 0).to(device)
+        # Rank 0's whole model stays plain (unsharded, eager) for evaluation and saving: its stage is
+        # a copy when sharded or compiled, and gather_weights copies the stage's weights back.
+        self.copied = grid.rank == 0 and (self.fsdp or compiled)
+        self.module = stage_model(model, blocks, grid.first, grid.last, copy=self.copied).to(device)
+        if compiled:
+            # torch.compile per block, as torchtitan does for pipeline stages: the blocks share one
+            # graph, and compiling in place keeps the module tree (names, state dicts) untouched.
+            for block in self.module.transformer.h.values():
+                block.compile()
         if self.fsdp:
             self._shard(device, zero, offload, param_dtype)
         if grid.rank != 0:  # after sharding: the whole model's head re-ties to the sharded embedding
             self._release_other_stages(blocks)
-        self.loss = StageLoss(self.module, model)
+        self.loss = StageLoss(self.module)
         stage = PipelineStage(self.module, grid.stage, S, device, group=self.pp_group)
         cls = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
         # scale_grads=False: the loss is already divided by the global token count.
@@ -168,7 +178,7 @@ class Pipeline:
     def _release_other_stages(self, blocks: list[int]) -> None:
         """Free the weights this rank never uses (shapes stay, for the optimizer state's names)."""
         t = self.model.transformer
-        unused = [b for i, b in enumerate(t.h) if i not in blocks]
+        unused = [b for i, b in t.h.items() if int(i) not in blocks]
         if not self.grid.first:
             unused += [t.wte, t.wpe]
         if not self.grid.last:
@@ -185,7 +195,7 @@ class Pipeline:
         for block in self.module.transformer.h.values():
             fully_shard(block, **options)
         if self.grid.last:
-            fully_shard(self.module.lm_head, **options)
+            fully_shard(self.module.head, **options)
         fully_shard(self.module, **options)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -242,7 +252,7 @@ class Pipeline:
         if self.grid.first:
             dist.all_reduce(_local(self.module.transformer.wte.weight.grad), group=self.tie_group)
         elif self.grid.last:
-            dist.all_reduce(_local(self.module.lm_head.weight.grad), group=self.tie_group)
+            dist.all_reduce(_local(self.module.head.weight.grad), group=self.tie_group)
 
     def report_peak_memory(self, peak_gib: float) -> None:
         """Print every stage's measured peak memory (of a step) on rank 0; a collective of all ranks."""
@@ -266,14 +276,14 @@ class Pipeline:
             return
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
-                if name == HEAD_COPY:
+                if name == WHOLE_HEAD:
                     continue  # the whole model's head is its embedding
                 src = self.owner(name)
                 if self.grid.stage == src:
-                    full = _full(self.module.get_parameter(name)) if self.fsdp else tensor
+                    full = _full(self.module.get_parameter(name))  # the stage's names are the model's
                     if self.grid.replica == 0 and src != 0:
                         dist.send(full.contiguous(), dst=0)
-                    elif self.grid.rank == 0 and self.fsdp:
+                    elif self.copied:
                         tensor.copy_(full)
                 elif self.grid.rank == 0:
                     buf = torch.empty_like(tensor)
@@ -287,7 +297,7 @@ class Pipeline:
         if self.grid.stages == 1:
             return
         if self.grid.last:
-            head = _full(self.module.lm_head.weight.detach())
+            head = _full(self.module.head.weight.detach())
             if self.grid.replica == 0:
                 dist.send(head.contiguous(), dst=0)
         elif self.grid.rank == 0:

@@ -76,7 +76,7 @@ def apply_activation_checkpointing(model: GPT2LMHeadModel, layers: Iterable[int]
     checkpoints are unchanged. Inference (no grad) pays nothing: checkpoint without grad is a call.
     """
     for i in layers:
-        block = model.transformer.h[i]
+        block = model.transformer.h[str(i)]
         block.forward = types.MethodType(_checkpointed_forward, block)
 
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 import transformers
 
+from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.model.checkpoint import from_hf_state_dict, load_weights, save_checkpoint, to_hf_state_dict
 from gpt2forge.model.config import MODEL_FILES, ModelConfig
-from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.model.gpt2 import GPT2LMHeadModel, head_loss
 
 
 def tiny(**kw) -> ModelConfig:
@@ -168,7 +168,7 @@ def test_fused_loss_over_several_logits_tiles_equals_plain_loss_and_gradients():
         out = model(ids, ids)
         out.loss_sum.backward()
         results.append((out.loss_sum.detach(), out.correct, model.transformer.wte.weight.grad,
-                        model.transformer.h[0].attn.c_attn.weight.grad))
+                        model.transformer.h["0"].attn.c_attn.weight.grad))
     for got in results[1:]:
         for x, ref in zip(got, results[0]):
             torch.testing.assert_close(x.float(), ref.float(), rtol=1e-5, atol=1e-5)
@@ -238,3 +238,47 @@ def test_last_positions_only_equal_the_full_forward():
             torch.testing.assert_close(model.transformer(ids, last=last), full[:, -last:], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="last=14"):
         model.transformer(ids, last=14)
+
+
+def _without(model: GPT2LMHeadModel, blocks: list[int], embeddings: bool, head: bool) -> GPT2LMHeadModel:
+    """A deep copy of `model` with the embeddings, the blocks not in `blocks`, and ln_f + lm_head removed."""
+    import copy
+
+    part = copy.deepcopy(model)
+    t = part.transformer
+    if not embeddings:
+        t.wte = t.wpe = None
+    for i in [k for k in t.h if int(k) not in blocks]:
+        del t.h[i]
+    if not head:
+        t.ln_f = part.lm_head = None
+    return part
+
+
+def test_model_with_parts_removed_chains_to_the_whole_forward_and_loss():
+    # What a pipeline stage relies on: stages are the model minus what they do not own, chained by hand.
+    cfg = tiny(n_layer=4)
+    model = ours(cfg)
+    hf_names = [n for n in hf_model(cfg).state_dict() if not n.endswith((".attn.bias", ".attn.masked_bias"))]
+    assert list(model.state_dict()) == hf_names  # `transformer.h.{i}...` as Hugging Face names them
+    ids = torch.randint(0, cfg.vocab_size, (2, 9))
+    labels = torch.randint(0, cfg.vocab_size, (2, 9))
+    labels[0, :3] = IGNORE_INDEX
+    first, middle, last = _without(model, [0], True, False), _without(model, [1, 2], False, False), \
+        _without(model, [3], False, True)
+    assert list(middle.transformer.h) == ["1", "2"] and "transformer.h.2.mlp.c_fc.weight" in middle.state_dict()
+    assert first.transformer.ln_f is None and middle.transformer.wte is None
+    with torch.no_grad():
+        hidden = middle(first(ids))  # (B, T, C) between the parts
+        assert hidden.shape == (2, 9, cfg.n_embd)
+        torch.testing.assert_close(last(hidden), model(ids), rtol=1e-5, atol=1e-5)
+        final = last.transformer(hidden)
+        torch.testing.assert_close(final, model.transformer(ids), rtol=1e-5, atol=1e-5)
+        got = head_loss(final, last.lm_head.weight, labels, cfg.vocab_size, None)
+        want = model(ids, labels)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(last(hidden, labels).loss_sum, want.loss_sum, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(last.transformer(hidden, last=4), final[:, -4:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="without lm_head"):
+        first(ids, labels)

@@ -314,8 +314,8 @@ def test_with_gemv_linears_shares_weights_and_leaves_the_model_alone(ops):
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
     model = GPT2LMHeadModel(ModelConfig(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)).train()
     view = with_gemv_linears(model).eval()
-    assert isinstance(view.transformer.h[1].mlp.c_fc, GemvLinear) and isinstance(view.lm_head, GemvLinear)
-    assert isinstance(model.transformer.h[1].mlp.c_fc, torch.nn.Linear) and model.training
+    assert isinstance(view.transformer.h["1"].mlp.c_fc, GemvLinear) and isinstance(view.lm_head, GemvLinear)
+    assert isinstance(model.transformer.h["1"].mlp.c_fc, torch.nn.Linear) and model.training
     assert [id(p) for p in view.parameters()] == [id(p) for p in model.parameters()]
     ids = torch.randint(0, 96, (3, 1))
     with torch.no_grad():
