@@ -143,7 +143,7 @@ def _build_transformers(args, device, precision, cfg, model):
     import transformers
 
     from gpt2forge.model.checkpoint import to_hf_state_dict
-    from gpt2forge.train.optim import param_groups
+    from gpt2forge.parallel.optimizer_state import param_groups
     from gpt2forge.core.runtime import autocast
 
     hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")

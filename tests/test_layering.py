@@ -37,32 +37,21 @@ def imports(path: Path):
 
 
 EDGES = {m: list(dict.fromkeys(imports(p))) for m, p in MODULES.items()}
-# Known violations in modules being reworked under issue 15, as (importer, imported): reported as xfail
-# while they remain; delete an entry once it is fixed (the test fails until you do).
-PENDING_UPWARD = {
-    ("gpt2forge.parallel.optimizer_state", "gpt2forge.train.optim"),
-}
-PENDING_SILENT: set[tuple[str, str]] = set()
 
 
-def check(found: dict[tuple[str, str], str], pending: set[tuple[str, str]]) -> None:
-    """Fail on a violation not in `pending` and on a `pending` entry that is gone; xfail on the rest."""
-    new = [why for key, why in found.items() if key not in pending]
-    new += [f"{m} -> {t} is fixed: delete it from PENDING" for m, t in sorted(pending - found.keys())]
-    assert not new, "\n".join(new)
-    if found:
-        pytest.xfail("pending (issue 15): " + "; ".join(found.values()))
+def check(found: list[str]) -> None:
+    assert not found, "\n".join(found)
 
 
 def test_imports_point_down_the_layers():
-    check({(m, target): f"{m}:{line} imports {target}" for m, edges in EDGES.items()
-           for line, target, _, _ in edges if layer(target) > layer(m)}, PENDING_UPWARD)
+    check([f"{m}:{line} imports {target}, a higher layer" for m, edges in EDGES.items()
+           for line, target, _, _ in edges if layer(target) > layer(m)])
 
 
 def test_function_level_imports_say_why():
-    check({(m, target): f"{m}:{line} imports {target} inside a function without a `# why` comment"
+    check([f"{m}:{line} imports {target} inside a function without a `# why` comment"
            for m, edges in EDGES.items() for line, target, in_function, _ in edges
-           if in_function and "#" not in MODULES[m].read_text().splitlines()[line - 1]}, PENDING_SILENT)
+           if in_function and "#" not in MODULES[m].read_text().splitlines()[line - 1]])
 
 
 def test_no_import_cycles():

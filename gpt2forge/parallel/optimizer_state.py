@@ -14,7 +14,29 @@ from typing import Any
 
 import torch
 
-from gpt2forge.train.optim import param_groups
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Split the trainable parameters of `model` into a decayed and a non-decayed group.
+
+    Args:
+        model: any module; tied parameters (e.g. `lm_head.weight is transformer.wte.weight`)
+            are listed once, because `named_parameters()` de-duplicates by identity.
+        weight_decay: decay for parameters with `ndim >= 2` (matmul and embedding weights).
+
+    Returns:
+        `[{"params": [ndim >= 2 ...], "weight_decay": weight_decay},
+          {"params": [ndim < 2 ...], "weight_decay": 0.0}]`, both always present (possibly empty)
+        so group 0 is always the decayed one. Parameters with `requires_grad=False` are left out.
+    """
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
 def model_group_names(model: torch.nn.Module) -> list[list[str]]:
