@@ -36,12 +36,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
-from gpt2forge.model.config import ModelConfig  # noqa: E402
 from gpt2forge.evaluation.data import read_json_lines, read_text  # noqa: E402
 from gpt2forge.evaluation.detokenizer import wikitext_detokenizer  # noqa: E402
 from gpt2forge.evaluation.protocol import Window, WindowPlan, build_cloze_examples  # noqa: E402
 from gpt2forge.evaluation.scoring import evaluate_cloze, score_windows  # noqa: E402
+from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
+from gpt2forge.model.config import ModelConfig  # noqa: E402
 from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
 from gpt2forge.text.tokenizer import load_tokenizer  # noqa: E402
 

@@ -36,11 +36,11 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpt2forge.generate.generator import Generator, num_threads  # noqa: E402
+from gpt2forge.generate.sampling import SamplingConfig  # noqa: E402
 from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
 from gpt2forge.model.config import ModelConfig  # noqa: E402
-from gpt2forge.generate.generator import Generator, num_threads  # noqa: E402
 from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
-from gpt2forge.generate.sampling import SamplingConfig  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TARGETS = {"ms_per_token": {"fp32": 25.0, "bf16": 14.0}, "speedup_b1": 2.4, "speedup_b8": 2.0}

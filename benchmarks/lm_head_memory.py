@@ -131,12 +131,12 @@ def child_op(args, variant: str) -> dict:
 def child_train(args, variant: str) -> dict:
     import torch
 
+    from gpt2forge.core.runtime import autocast, resolve_device
     from gpt2forge.model.config import ModelConfig
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
     from gpt2forge.ops.lm_head_loss import LossChunking
     from gpt2forge.train.memory import apply_activation_checkpointing
-    from gpt2forge.model.gpt2 import GPT2LMHeadModel
     from gpt2forge.train.optim import build_optimizer
-    from gpt2forge.core.runtime import autocast, resolve_device
 
     device = resolve_device(args.device)
     torch.manual_seed(0)

@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.ops.library import load_custom_ops  # noqa: E402
 from gpt2forge.data import mmap  # noqa: E402
+from gpt2forge.ops.library import load_custom_ops  # noqa: E402
 
 TARGET = 20.0
 

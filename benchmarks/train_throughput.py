@@ -105,12 +105,12 @@ def _build_ours(args, device, precision, cfg, model):
     """A `step.Run` around the compiled model; returns (step fn, info)."""
     import torch
 
-    from gpt2forge.train.memory import apply_memory_features
-    from gpt2forge.train.optim import build_lr_schedule, build_optimizer
     from gpt2forge.core.runtime import LossScaler, configure_host_allocator
-    from gpt2forge.train.config import TrainConfig
     from gpt2forge.parallel.data_parallel import DataParallel
     from gpt2forge.parallel.strategy import ParallelRequest
+    from gpt2forge.train.config import TrainConfig
+    from gpt2forge.train.memory import apply_memory_features
+    from gpt2forge.train.optim import build_lr_schedule, build_optimizer
     from gpt2forge.train.step import Run, train_step
 
     tcfg = TrainConfig.from_flat(dict(
@@ -142,9 +142,9 @@ def _build_transformers(args, device, precision, cfg, model):
     import torch
     import transformers
 
+    from gpt2forge.core.runtime import autocast
     from gpt2forge.model.checkpoint import to_hf_state_dict
     from gpt2forge.parallel.optimizer_state import param_groups
-    from gpt2forge.core.runtime import autocast
 
     hf_cfg = transformers.GPT2Config(**cfg.to_hf_dict(), attn_implementation="sdpa")
     hf = transformers.GPT2LMHeadModel(hf_cfg)
@@ -214,8 +214,8 @@ def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
     """Build, then answer ("step", None) with one step's times and ("finish", None) with peak memory."""
     import torch
 
-    from gpt2forge.model.gpt2 import GPT2LMHeadModel
     from gpt2forge.core.runtime import configure_matmul, resolve_device, synchronize
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
     device = resolve_device(args.device)
     configure_matmul(device, precision, half_partials=False)
@@ -344,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from gpt2forge.train import metrics
     from gpt2forge.core.runtime import resolve_device
+    from gpt2forge.train import metrics
 
     try:
         device = resolve_device(args.device)

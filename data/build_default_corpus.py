@@ -16,8 +16,8 @@ from pathlib import Path
 # Run as `python data/build_default_corpus.py` from a plain checkout (no pip install needed).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpt2forge.text.corpus import build_corpus, build_documents, save_corpus  # noqa: E402
 from gpt2forge.core.errors import UsageError, cli_main  # noqa: E402
+from gpt2forge.text.corpus import build_corpus, build_documents, save_corpus  # noqa: E402
 from gpt2forge.text.tokenizer import load_tokenizer  # noqa: E402
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt2forge.core.errors import cli_main  # noqa: E402
-from gpt2forge.preprocess.wikipedia import wikipedia_preprocess, build_parser  # noqa: E402
+from gpt2forge.preprocess.wikipedia import build_parser, wikipedia_preprocess  # noqa: E402
 
 
 @cli_main

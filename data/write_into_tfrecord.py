@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt2forge.core.errors import cli_main  # noqa: E402
-from gpt2forge.preprocess.tfrecords import write_into_tfrecord, build_parser  # noqa: E402
+from gpt2forge.preprocess.tfrecords import build_parser, write_into_tfrecord  # noqa: E402
 
 
 @cli_main

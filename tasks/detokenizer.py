@@ -6,7 +6,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt2forge.evaluation.detokenizer import (  # noqa: E402,F401
-    DETOKENIZERS, detokenizer_name_for, lambada_detokenizer, ptb_detokenizer, wikitext_detokenizer)
+    DETOKENIZERS,
+    detokenizer_name_for,
+    lambada_detokenizer,
+    ptb_detokenizer,
+    wikitext_detokenizer,
+)
 
 
 def get_detokenizer(path):

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import HOST_CUDA_VISIBLE_DEVICES
 
 ROOT = Path(__file__).resolve().parent.parent

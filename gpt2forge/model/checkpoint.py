@@ -26,9 +26,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from gpt2forge.model.config import ModelConfig
 from gpt2forge.core.atomic import fsync_path, write_atomic
 from gpt2forge.core.errors import UsageError
+from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
 # HF's GPT-2 uses Conv1D (weight stored as (in, out)) where we use nn.Linear ((out, in)).

@@ -129,7 +129,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any], source: str = "config") -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any], source: str = "config") -> ModelConfig:
         """Build from an HF GPT-2 config dict; unknown HF keys are ignored, a non-GPT-2 type refused."""
         model_type = d.get("model_type", "gpt2")
         if model_type != "gpt2":
@@ -142,7 +142,7 @@ class ModelConfig:
         return cls(**kwargs)
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ModelConfig":
+    def from_json(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         if not path.is_file():
             raise UsageError(f"{path}: model config not found; pass an HF GPT-2 config.json "
@@ -159,7 +159,7 @@ class ModelConfig:
         Path(path).write_text(json.dumps(self.to_hf_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def preset(cls, name: str) -> "ModelConfig":
+    def preset(cls, name: str) -> ModelConfig:
         """The shipped size for `--model NAME`."""
         if name not in MODEL_FILES:
             raise UsageError(f"--model {name} is unknown; choose one of {', '.join(MODEL_FILES)}")

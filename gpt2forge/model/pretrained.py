@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.core.errors import UsageError
+from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.text.tokenizer import HF_FILE, Tokenizer, load_bpe_files, load_tokenizer
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE

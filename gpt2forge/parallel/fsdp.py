@@ -16,8 +16,13 @@ from torch import nn
 
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.data_parallel import DataParallel
-from gpt2forge.parallel.distributed import DistEnv, load_sharded_optimizer_state, shard_model, sharded_state, \
-    whole_model_state
+from gpt2forge.parallel.distributed import (
+    DistEnv,
+    load_sharded_optimizer_state,
+    shard_model,
+    sharded_state,
+    whole_model_state,
+)
 from gpt2forge.parallel.optimizer_state import model_group_names, to_indexed, to_named
 from gpt2forge.parallel.strategy import OptimizerPlacement, ParallelRequest
 

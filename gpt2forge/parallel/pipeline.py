@@ -34,7 +34,7 @@ from torch import nn
 
 from gpt2forge.core import log
 from gpt2forge.model.gpt2 import GPT2LMHeadModel, head_loss
-from gpt2forge.parallel.distributed import fsdp_options
+from gpt2forge.parallel.distributed import fsdp_options, full_tensor, local_tensor
 from gpt2forge.parallel.optimizer_state import (
     load_named_state,
     merge_named,
@@ -250,9 +250,9 @@ class Pipeline:
             return
         # Under FSDP2 both copies are sharded alike across the replicas: the local shards pair up.
         if self.grid.first:
-            dist.all_reduce(_local(self.module.transformer.wte.weight.grad), group=self.tie_group)
+            dist.all_reduce(local_tensor(self.module.transformer.wte.weight.grad), group=self.tie_group)
         elif self.grid.last:
-            dist.all_reduce(_local(self.module.head.weight.grad), group=self.tie_group)
+            dist.all_reduce(local_tensor(self.module.head.weight.grad), group=self.tie_group)
 
     def report_peak_memory(self, peak_gib: float) -> None:
         """Print every stage's measured peak memory (of a step) on rank 0; a collective of all ranks."""
@@ -280,7 +280,7 @@ class Pipeline:
                     continue  # the whole model's head is its embedding
                 src = self.owner(name)
                 if self.grid.stage == src:
-                    full = _full(self.module.get_parameter(name))  # the stage's names are the model's
+                    full = full_tensor(self.module.get_parameter(name))  # the stage's names are the model's
                     if self.grid.replica == 0 and src != 0:
                         dist.send(full.contiguous(), dst=0)
                     elif self.copied:
@@ -297,7 +297,7 @@ class Pipeline:
         if self.grid.stages == 1:
             return
         if self.grid.last:
-            head = _full(self.module.head.weight.detach())
+            head = full_tensor(self.module.head.weight.detach())
             if self.grid.replica == 0:
                 dist.send(head.contiguous(), dst=0)
         elif self.grid.rank == 0:
@@ -347,16 +347,6 @@ class Pipeline:
         load_named_state(optimizer, self.module, named, self.aliases)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (FSDP2), else the tensor."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor gathered whole (a collective of its mesh), else the tensor."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def _renamed(named: dict, aliases: dict[str, str]) -> dict:
     """A named optimizer state with stage names replaced by the whole model's."""
     return {"state": {aliases.get(n, n): v for n, v in named["state"].items()},
@@ -368,14 +358,14 @@ def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], 
     """The global gradient norm over all stages, clipped to `max_norm` unless it is None: each
     stage's squared norm summed over the world (replicas hold equal gradients after their
     all-reduce, so the sum counts each stage `replicas` times; pass 1 when FSDP2 shards them)."""
-    grads = [_local(p.grad) for p in norm_params if p.grad is not None]
-    device = _local(params[0]).device
+    grads = [local_tensor(p.grad) for p in norm_params if p.grad is not None]
+    device = local_tensor(params[0]).device
     sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
     dist.all_reduce(sq)
     total = float((sq / replicas).sqrt())
     coef = max_norm / (total + 1e-6) if max_norm is not None else 1.0
     if coef < 1.0:
-        torch._foreach_mul_([_local(p.grad) for p in params if p.grad is not None], coef)
+        torch._foreach_mul_([local_tensor(p.grad) for p in params if p.grad is not None], coef)
     return total
 
 

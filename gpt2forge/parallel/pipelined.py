@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from gpt2forge.core import log
-from gpt2forge.core.runtime import compile_enabled
 from gpt2forge.core.labels import IGNORE_INDEX
+from gpt2forge.core.runtime import compile_enabled
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
 from gpt2forge.parallel.health import Watchdog

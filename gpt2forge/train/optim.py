@@ -24,8 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from collections.abc import MutableMapping
-from typing import Iterable
+from collections.abc import Iterable, MutableMapping
 
 import torch
 
@@ -169,7 +168,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         self._optimizer_step_post_hooks = {}
 
     @property
-    def state(self) -> "_HostState":
+    def state(self) -> _HostState:
         return _HostState(self)
 
     def _sync_hyper_parameters(self, src: list[dict], dst: list[dict]) -> None:

@@ -11,13 +11,13 @@ import torch
 import torch.distributed as dist
 
 from gpt2forge.core import log
-from gpt2forge.model.checkpoint import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
 from gpt2forge.core.errors import UsageError
-from gpt2forge.parallel.health import wait_for_rank0
+from gpt2forge.model.checkpoint import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.train.config import CheckpointArgs, TrainConfig
+from gpt2forge.parallel.health import wait_for_rank0
 from gpt2forge.text.tokenizer import tokenizer_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE, asset_dir
+from gpt2forge.train.config import CheckpointArgs, TrainConfig
 
 if TYPE_CHECKING:
     from gpt2forge.train.step import Run

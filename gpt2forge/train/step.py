@@ -14,14 +14,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpt2forge.core import log
-from gpt2forge.data import IGNORE_INDEX, ShardedStream, collate, split_batch
-from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
-from gpt2forge.parallel.strategy import Strategy
 from gpt2forge.core.errors import RunError
-from gpt2forge.evaluation.quick import QuickEval
-from gpt2forge.parallel.health import Watchdog
-from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.core.runtime import LossScaler, autocast
+from gpt2forge.data import IGNORE_INDEX, ShardedStream, collate, split_batch
+from gpt2forge.evaluation.quick import QuickEval
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
+from gpt2forge.parallel.health import Watchdog
+from gpt2forge.parallel.strategy import Strategy
 from gpt2forge.train.config import TrainConfig
 
 

@@ -11,32 +11,46 @@ import contextlib
 import itertools
 import random
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpt2forge.core import log
-from gpt2forge.data import DataRequest, EpochOrdered, ShardedStream, collate, load_datasets
-from gpt2forge.parallel.distributed import DistEnv, check_world, device_for, env_from_launcher, \
-    init_process_group, resolve_zero_stage, shutdown
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.runtime import (
+    LossScaler,
+    autocast_dtype,
+    configure_host_allocator,
+    configure_matmul,
+    resolve_device,
+    resolve_precision,
+    synchronize,
+)
+from gpt2forge.data import DataRequest, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.evaluation.quick import QuickEval
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.parallel.distributed import (
+    DistEnv,
+    check_world,
+    device_for,
+    env_from_launcher,
+    init_process_group,
+    resolve_zero_stage,
+    shutdown,
+)
 from gpt2forge.parallel.health import Watchdog, wait_for_rank0
+from gpt2forge.parallel.memory_plan import build_plan, print_compute_balance, print_plan, run_plan
+from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strategy
 from gpt2forge.parallel.topology import Layout, build_layout, report_layout, stages_of
+from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.memory import apply_memory_features, offload_optimizer, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
-from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.train.model_setup import build_model, maybe_sample, resolve_model_config
 from gpt2forge.train.observe import RunMonitor
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
-from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strategy
-from gpt2forge.parallel.memory_plan import build_plan, print_compute_balance, print_plan, run_plan
-from gpt2forge.core.runtime import LossScaler, autocast_dtype, configure_host_allocator, configure_matmul, \
-    resolve_device, resolve_precision, synchronize
-from gpt2forge.train.step import Run, evaluate, train_step
-from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
+from gpt2forge.train.step import Run, evaluate, train_step
 
 
 def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoch: int,

@@ -88,8 +88,7 @@ def test_host_allocator_setting_applies_once_and_yields_to_the_environment():
 
 
 def test_emulated_half_precision_on_cpu_is_announced(monkeypatch, capsys):
-    from gpt2forge.core import log
-    from gpt2forge.core import runtime
+    from gpt2forge.core import log, runtime
 
     assert runtime.cpu_half_matmul_is_emulated("fp32") is False
     monkeypatch.setattr(log, "_seen_notices", set())  # notices print once per process

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpt2forge.core.errors import UsageError
 from gpt2forge.data import (
     DATASETS,
     IGNORE_INDEX,
@@ -20,7 +21,6 @@ from gpt2forge.data import (
 from gpt2forge.data.generated import GeneratedDataset
 from gpt2forge.data.pickled import document_windows
 from gpt2forge.data.safe_pickle import safe_load
-from gpt2forge.core.errors import UsageError
 
 VOCAB = 1000
 

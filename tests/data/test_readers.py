@@ -14,16 +14,16 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from gpt2forge.ops import build as ops_build
-from gpt2forge.ops import library as custom_ops
 from gpt2forge.cli import train_main
+from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data import DataRequest, load_datasets
 from gpt2forge.data import mmap as mm
 from gpt2forge.data import tfrecord as tfr
 from gpt2forge.data.indexed import IndexedDataset, IndexedWriter
 from gpt2forge.data.pickled import read_documents
-from gpt2forge.core.errors import UsageError
+from gpt2forge.ops import build as ops_build
+from gpt2forge.ops import library as custom_ops
 
 tfrecord = pytest.importorskip("tfrecord")
 from tfrecord.tools.tfrecord2idx import create_index  # noqa: E402

@@ -309,8 +309,8 @@ def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch
 
 @pytest.mark.slow
 def test_with_gemv_linears_shares_weights_and_leaves_the_model_alone(ops):
-    from gpt2forge.model.config import ModelConfig
     from gpt2forge.generate.gemv import GemvLinear, with_gemv_linears
+    from gpt2forge.model.config import ModelConfig
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
     model = GPT2LMHeadModel(ModelConfig(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)).train()
     view = with_gemv_linears(model).eval()

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from gpt2forge.model.config import ModelConfig
-from gpt2forge.parallel.distributed import load_sharded_optimizer_state, shard_model, sharded_state
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.train.optim import OffloadedOptimizer, build_optimizer
+from gpt2forge.parallel.distributed import load_sharded_optimizer_state, shard_model, sharded_state
 from gpt2forge.parallel.optimizer_state import model_group_names, named_state, to_indexed, to_named
+from gpt2forge.train.optim import OffloadedOptimizer, build_optimizer
 
 LR, DECAY = 1e-2, 0.1
 

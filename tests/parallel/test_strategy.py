@@ -11,8 +11,14 @@ from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.data_parallel import DataParallel
 from gpt2forge.parallel.distributed import DistEnv
-from gpt2forge.parallel.strategy import REGISTRY, ParallelRequest, Strategy, build_strategy, select_strategy, \
-    strategy_class
+from gpt2forge.parallel.strategy import (
+    REGISTRY,
+    ParallelRequest,
+    Strategy,
+    build_strategy,
+    select_strategy,
+    strategy_class,
+)
 from gpt2forge.parallel.topology import Layout
 
 CPU = torch.device("cpu")

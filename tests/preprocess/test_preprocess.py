@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2forge.text import vocab
-from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype
 from gpt2forge.core.errors import UsageError
+from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype
 from gpt2forge.preprocess import megatron, tfrecords, wikipedia
 from gpt2forge.preprocess.describe import describe
+from gpt2forge.text import vocab
 from gpt2forge.text.tokenizer import GPT2Tokenizer, HFTokenizer, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

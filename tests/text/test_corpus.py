@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt2forge.text import corpus
-
-from gpt2forge.text import vocab
+from gpt2forge.text import corpus, vocab
 from gpt2forge.text.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from gpt2forge.text import vocab
 from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
+from gpt2forge.text import vocab
 from gpt2forge.text.tokenizer import GPT2Tokenizer, load_tokenizer
 
 ASSETS = vocab.asset_dir()
