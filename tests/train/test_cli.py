@@ -37,9 +37,12 @@ def shipped_command_lines() -> list[tuple[str, list[str]]]:
     make_args = re.search(r"TRAIN_ARGS \?= (.*?)\n\n", (ROOT / "Makefile").read_text(), re.S).group(1)
     out.append(("make train", shlex.split(make_args.replace("\\\n", " ").replace("$(CORPUS)", "c.pkl")
                                           .replace("$(CKPT_DIR)", "ck").replace("$(PRECISION)", "bf16"))))
-    for block in re.findall(r"```\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
-        if "python train_gpt2.py" in block and "..." not in block:
-            out.append(("README", script_args(block)))
+    # Every fenced block of the README and the docs that holds a complete `python train_gpt2.py` command.
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        name = "README" if doc.name == "README.md" else f"docs/{doc.name}"
+        for block in re.findall(r"```\n(.*?)```", doc.read_text(), re.S):
+            if "python train_gpt2.py" in block and "..." not in block:
+                out.append((name, script_args(block)))
     return out
 
 
