@@ -17,7 +17,7 @@ burst of load during one chunk skews the totals); the loss sums of both are prin
 fp32 on CPU (the project's CPU default). The target is a ratio (>= 2x), reported, never asserted.
 
     .venv/bin/python benchmarks/eval_time.py                 # full sets (long on 2 cores)
-    .venv/bin/python benchmarks/eval_time.py --limit 200     # 200 passages spread over all lengths / the first 200 windows
+    .venv/bin/python benchmarks/eval_time.py --limit 200     # 200 passages over all lengths / first 200 windows
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data-dir", default=str(DATA), help="folder with wikitext/ and lambada/")
     p.add_argument("--tasks", nargs="+", default=["lambada", "wikitext"], choices=("lambada", "wikitext"))
-    p.add_argument("--limit", type=int, default=None, help="N passages spread over all lengths / the first N windows only (a quick variant)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="N passages spread over all lengths / the first N windows only (a quick variant)")
     p.add_argument("--seq-length", type=int, default=1024)
     p.add_argument("--stride", type=int, default=1024, help="WikiText --overlapping-eval")
     p.add_argument("--batch-size", type=int, default=8)
@@ -117,7 +118,8 @@ def run_lambada(args, ours, hf, tok) -> dict:
     ratios = []
     for i in range(0, len(examples), args.chunk):
         part = examples[i:i + args.chunk]
-        res, dt_ours = timed(lambda: evaluate_cloze(ours, part, False, batch_size=args.batch_size, progress=False))
+        res, dt_ours = timed(lambda part=part: evaluate_cloze(ours, part, False, batch_size=args.batch_size,
+                                                              progress=False))
         t_ours += dt_ours
         loss_ours += res.loss_sum
         (loss, _), dt = timed(hf_cloze, hf, part)

@@ -5,7 +5,8 @@
 
 Same run, same corpus, same GPT-2 BPE:
 - baseline: `transformers.GPT2TokenizerFast` loaded from the folder holding
-  gpt2forge/assets/vocab.json + merges.txt (local files only, never the hub), one document at a time, one process, reading the same JSON lines
+  gpt2forge/assets/vocab.json + merges.txt (local files only, never the hub), one document at a time,
+  one process, reading the same JSON lines
   (`--baseline-mb` of them: a rate, measured on the corpus's first MB);
 - ours: `data/preprocess_data.py --append-eod --workers 1` and `--workers <all cores>`, as
   subprocesses, tokens/s from their summary line (it includes pool start-up, reading and writing).

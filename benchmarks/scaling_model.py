@@ -68,17 +68,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seq {args.seq_len}, {args.tokens_per_gpu} tokens/GPU/update, NVLink {args.nvlink_gbs:g} GB/s, "
           f"network {args.network_gbs:g} GB/s per node of {args.gpus_per_node}, {args.grad_bytes}-byte gradients"
           f"{', ZeRO-3' if args.zero3 else ''}")
-    print(f"{'model':<12} {'params':>7} {'1-GPU tok/s':>12} {'source':>10} {'8 GPUs':>11} {'64 GPUs':>11} {'64-GPU eff.':>11}")
+    print(f"{'model':<12} {'params':>7} {'1-GPU tok/s':>12} {'source':>10} {'8 GPUs':>11} {'64 GPUs':>11} "
+          f"{'64-GPU eff.':>11}")
     for name in MODELS:
         cfg = ModelConfig.preset(name)
         params = cfg.num_params()
         if name in measured:
             tokens_1, source = float(measured[name]), "measured"
         else:
-            tokens_1, source = args.mfu * args.peak_tflops * 1e12 / cfg.flops_per_token(args.seq_len), f"{args.mfu:.0%} MFU"
+            tokens_1 = args.mfu * args.peak_tflops * 1e12 / cfg.flops_per_token(args.seq_len)
+            source = f"{args.mfu:.0%} MFU"
         rates = [expected_tokens_per_sec(params, tokens_1, args.tokens_per_gpu, n, args.gpus_per_node,
-                                         args.nvlink_gbs, args.network_gbs, args.grad_bytes, args.overlap, args.bus_efficiency,
-                                         args.zero3)
+                                         args.nvlink_gbs, args.network_gbs, args.grad_bytes, args.overlap,
+                                         args.bus_efficiency, args.zero3)
                  for n in (8, 64)]
         print(f"{name:<12} {params / 1e6:>6.0f}M {tokens_1:>12,.0f} {source:>10} {rates[0]:>11,.0f} {rates[1]:>11,.0f} "
               f"{rates[1] / (64 * tokens_1):>11.0%}")

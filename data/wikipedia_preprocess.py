@@ -1,6 +1,7 @@
 """Extracted Wikipedia -> .pkl of token-id lists, one EOS per article (see --help).
 
-    python3 ./data/wikipedia_preprocess.py --input-file-path <extracted-folder> --output-file-path <out-folder> [--use-bpe]
+    python3 ./data/wikipedia_preprocess.py --input-file-path <extracted-folder> \
+        --output-file-path <out-folder> [--use-bpe]
 
 Logic: gpt2forge/preprocess/wikipedia.py.
 """

@@ -242,7 +242,8 @@ def print_plan(plans: list[StagePlan], title: str) -> None:
     log.info("  stage  blocks  params   weights   grads  optimizer  activations  LM head   device  (GiB; host)")
     for p in plans:
         log.info(f"  {p.stage:>5}  {p.blocks:>6}  {p.params / 1e6:>5.0f}M  {p.weights / GiB:>8.2f}  "
-                 f"{p.grads / GiB:>6.2f}  {p.optimizer / GiB:>9.2f}  {p.activations / GiB:>11.2f}  {p.head / GiB:>7.2f}  "
+                 f"{p.grads / GiB:>6.2f}  {p.optimizer / GiB:>9.2f}  {p.activations / GiB:>11.2f}  "
+                 f"{p.head / GiB:>7.2f}  "
                  f"{p.device_total / GiB:>7.2f}" + (f"  host {p.host / GiB:.2f}" if p.host else ""))
 
 

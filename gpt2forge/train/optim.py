@@ -132,6 +132,9 @@ def _zero1(groups: list[dict], local, group, hyper: dict) -> torch.optim.Optimiz
     return ZeroOptimizer(groups, optimizer_class=local, process_group=group, **hyper)
 
 
+HOST = torch.device("cpu")
+
+
 class OffloadedOptimizer(torch.optim.Optimizer):
     """An optimizer whose state and update live on `host` while the model lives on its device.
 
@@ -147,7 +150,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     checkpoints work unchanged; a checkpoint's optimizer state is host tensors.
     """
 
-    def __init__(self, params: list[dict], build, host: torch.device = torch.device("cpu")):
+    def __init__(self, params: list[dict], build, host: torch.device = HOST):
         """params: param groups as for torch.optim; build: host groups -> the wrapped optimizer."""
         host_groups = []
         pin = torch.cuda.is_available() and host.type == "cpu"

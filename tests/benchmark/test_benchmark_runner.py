@@ -75,7 +75,8 @@ def test_a_regexp_that_never_matches_is_a_spec_error_naming_the_metric():
 
 def test_derived_metrics_use_metrics_and_parameters_and_refuse_code():
     results = {"throughput": {"mean": 3.0}, "latency": {"final": 20.0}}
-    assert derive({"tokens_per_second": "{throughput} * {seq}"}, results, {"seq": "128"}) == {"tokens_per_second": 384.0}
+    derived = derive({"tokens_per_second": "{throughput} * {seq}"}, results, {"seq": "128"})
+    assert derived == {"tokens_per_second": 384.0}
     out = derive({"a": "{throughput} / 2", "b": "max({a}, {latency}) - 1"}, results, {})
     assert out == {"a": 1.5, "b": 19.0}
     with pytest.raises(MetricError, match="derived 'c'.*nope"):

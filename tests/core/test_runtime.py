@@ -68,7 +68,7 @@ def test_reduced_precision_training_runs_on_cpu(precision, tmp_path, capsys):
     assert train_main(args) == 0
     losses = [float(line.split("loss: ")[1].split(",")[0]) for line in capsys.readouterr().out.splitlines()
               if line.startswith("step ")]
-    assert len(losses) == 8 and all(l == l and l < 10 for l in losses)  # finite, not NaN
+    assert len(losses) == 8 and all(x == x and x < 10 for x in losses)  # finite, not NaN
 
 
 @pytest.mark.slow

@@ -226,7 +226,8 @@ def test_index_maps_cached_reused_and_keyed(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(mm, "build_index_maps", no_build)
     again = load_datasets(request("mmap", prefix, split="80,20,0"))
     assert capsys.readouterr().out.count("reusing index maps") == 2
-    assert cached() == first and torch.equal(again.train[3], load_datasets(request("mmap", prefix, split="80,20,0")).train[3])
+    reloaded = load_datasets(request("mmap", prefix, split="80,20,0"))
+    assert cached() == first and torch.equal(again.train[3], reloaded.train[3])
     monkeypatch.undo()
     # Each input of the maps gives new files: 3 (train) + 3 (valid) unless only the train side changes.
     for change, new in (({"seed": 7}, 6), ({"max_len": 8}, 6), ({"split": "90,10,0"}, 6), ({"epochs": 2}, 3)):

@@ -246,7 +246,8 @@ def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_c
     single = run(pipeline_args(tiny_config), grad_norms=single_norms)
     assert len(single) == 4 and len(single_norms) == 4
     # 2 stages x 2 replicas (ZeRO-1 within each stage), 1F1B, checkpoint after step 2. The losses equal
-    # one process's only if the tied embedding gets the head's gradient (summed between the first and the last stage); every save
+    # one process's only if the tied embedding gets the head's gradient (summed between the first and the
+    # last stage); every save
     # also checks that the last stage's head copy equals stage 0's embedding (Pipeline._check_tied_copies).
     ckpt = tmp_path / "pp"
     one_f_one_b = run(pipeline_args(tiny_config, "--pipeline-schedule", "1F1B", "--checkpoint-output-dir", str(ckpt),
