@@ -16,7 +16,10 @@ load hits both alike; the median round is reported. Compilation (ours) and a war
 (both) run before the timed rounds.
 
 The floor is what memory bandwidth allows at batch 1: every weight byte is read once per token
-(weights bytes / bandwidth, bandwidth measured here by summing a 1 GiB buffer).
+(weights bytes / read bandwidth). Bandwidth is measured in the same run, STREAM-like, over buffers
+far larger than the caches, with 1 thread and with all (the best kept), at the start and again at
+the end of the run: a read (sum of a 1 GiB fp32 buffer) and a triad (a = b + 3c over three 256 MiB
+buffers, 3 x 256 MiB moved). The decode target is ours at batch 1 within 1.1x the floor.
 
     .venv/bin/python benchmarks/generation_latency.py            # fp32 + bf16, batch 1 and 8
     .venv/bin/python benchmarks/generation_latency.py --quick    # fp32, batch 1, 32 tokens, 1 round
@@ -43,12 +46,13 @@ from gpt2forge.model.config import ModelConfig  # noqa: E402
 from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-TARGETS = {"ms_per_token": {"fp32": 25.0, "bf16": 14.0}, "speedup_b1": 2.4, "speedup_b8": 2.0}
+TARGETS = {"ms_per_token": {"fp32": 25.0, "bf16": 14.0}, "speedup_b1": 2.4, "speedup_b8": 2.0, "floor_ratio": 1.1}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="gpt2", help="gpt2forge model preset (config/): the shape decoded")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated batch sizes")
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens")
@@ -77,17 +81,21 @@ def sync(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def bandwidth_gbs(device: torch.device) -> float:
-    """Best of 8 read passes over a 1 GiB fp32 buffer, GB/s (on CPU with 1 and with all threads)."""
-    x = torch.ones(2**28, device=device)
-    best = float("inf")
+def bandwidth_gbs(device: torch.device) -> dict[str, float]:
+    """STREAM-like read and triad bandwidth in GB/s, best of 4 passes with 1 and with all threads."""
+    x = torch.ones(2**28, device=device)  # 1 GiB: far larger than any cache
+    a, b, c = (torch.ones(2**26, device=device) for _ in range(3))  # 256 MiB each
+    best = {"read": float("inf"), "triad": float("inf")}
     for threads in sorted({1, torch.get_num_threads()}) if device.type == "cpu" else [torch.get_num_threads()]:
         with num_threads(threads):
             for _ in range(4):
                 t0 = sync(device)
                 x.sum()
-                best = min(best, sync(device) - t0)
-    return x.numel() * 4 / best / 1e9
+                best["read"] = min(best["read"], sync(device) - t0)
+                t0 = sync(device)
+                torch.add(b, c, alpha=3.0, out=a)
+                best["triad"] = min(best["triad"], sync(device) - t0)
+    return {"read": x.numel() * 4 / best["read"] / 1e9, "triad": 3 * a.numel() * 4 / best["triad"] / 1e9}
 
 
 def weight_bytes(model: GPT2LMHeadModel) -> int:
@@ -123,7 +131,7 @@ def time_hf(hf, ids: torch.Tensor, n: int) -> float:
 
 
 def measure(args, precision: str, B: int, device: torch.device) -> dict:
-    cfg = ModelConfig.preset("gpt2")
+    cfg = ModelConfig.preset(args.model)
     ours, hf = build(cfg, DTYPES[precision], device)
     N, P = args.new_tokens, args.prompt_len
     ids = torch.randint(0, cfg.vocab_size, (B, P), generator=torch.Generator().manual_seed(1)).to(device)
@@ -167,9 +175,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    bw = bandwidth_gbs(device)
+    start = bandwidth_gbs(device)
+    bw = start["read"]
     print(f"device {device}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"{torch.get_num_threads()} threads, read bandwidth {bw:.1f} GB/s")
+          f"{torch.get_num_threads()} threads, bandwidth at the start: read {start['read']:.1f} GB/s, "
+          f"triad {start['triad']:.1f} GB/s")
     results = []
     for precision in args.precisions:
         for B in args.batch_sizes:
@@ -178,6 +188,7 @@ def main(argv=None) -> int:
             r["speedup_latency"] = round(h["ms_per_token"] / o["ms_per_token"], 2)
             r["speedup_throughput"] = round(o["new_tokens_per_s"] / h["new_tokens_per_s"], 2)
             r["floor_ms_per_token"] = round(r["weights_MB"] / 1e3 / bw * 1e3, 2)
+            r["floor_ratio"] = round(o["ms_per_token"] / r["floor_ms_per_token"], 2)
             results.append(r)
             print(f"{precision} B={B}: ours {o['ms_per_token']} ms/token, {o['new_tokens_per_s']} new tokens/s "
                   f"({r['ours_threads']} thread(s)) | transformers {h['ms_per_token']} ms/token, "
@@ -189,14 +200,21 @@ def main(argv=None) -> int:
                 print(f"  {k.replace('@', ' at ')} thread(s): {r[k]['ms_per_token']} ms/token, "
                       f"{r[k]['new_tokens_per_s']} new tokens/s")
             if B == 1:
+                print(f"  ours / floor: {r['floor_ratio']}x (target <= {TARGETS['floor_ratio']}x: "
+                      f"{'met' if r['floor_ratio'] <= TARGETS['floor_ratio'] else 'MISSED'}); "
+                      f"transformers / ours: {r['speedup_latency']}x")
                 target = TARGETS["ms_per_token"][precision]
                 met = o["ms_per_token"] <= target and r["speedup_latency"] >= TARGETS["speedup_b1"]
                 print(f"  target <= {target} ms/token and >= {TARGETS['speedup_b1']}x: {'met' if met else 'MISSED'}")
             else:
                 print(f"  target >= {TARGETS['speedup_b8']}x new tokens/s: "
                       f"{'met' if r['speedup_throughput'] >= TARGETS['speedup_b8'] else 'MISSED'}")
+    end = bandwidth_gbs(device)
+    print(f"bandwidth at the end: read {end['read']:.1f} GB/s, triad {end['triad']:.1f} GB/s (floors above use "
+          f"the start's read; with the end's they would be {start['read'] / end['read']:.2f}x as long)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"bandwidth_GBs": round(bw, 1), "results": results}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"bandwidth_GBs": {"start": start, "end": end}, "results": results},
+                                              indent=2) + "\n")
     return 0
 
 

@@ -31,6 +31,9 @@ import torch
 from gpt2forge.core.errors import collect
 from gpt2forge.core.labels import IGNORE_INDEX
 
+WINDOWS = ("document", "packed", "random")
+"""How the pickle reader draws training windows (``--windows``; see ``data.pickled``)."""
+
 
 @dataclass(frozen=True)
 class DataRequest:
@@ -60,6 +63,8 @@ class DataRequest:
     """``--training-steps``: when set, decides the epochs the run reads instead of ``epochs``."""
     verify: bool = False
     """``--verify``: full integrity check on open (tfrecord: every record's CRCs, payload and ids)."""
+    windows: str = "document"
+    """``--windows``: how pickle training windows are drawn (``document``, ``packed``, ``random``)."""
 
     def __post_init__(self) -> None:
         # A bare string would otherwise be iterated character by character (a reference QUIRK).
@@ -75,6 +80,8 @@ class DataRequest:
                 f"samples per step {self.samples_per_step} must be >= 1 "
                 "(check --batch-size, --gradient-accumulation, --replication-factor)"
             )
+        if self.windows not in WINDOWS:
+            errors.append(f"--windows {self.windows} is not one of {', '.join(WINDOWS)}")
         if self.val_num < 0:
             errors.append(f"--val-num {self.val_num} must be >= 0")
         collect(errors)

@@ -12,6 +12,16 @@ Windows (``L = max_len + 1`` tokens each), per document of ``n`` tokens:
   with ``IGNORE_INDEX`` (the reference kept only the document's last ``max_len - n`` tokens);
 - shorter documents are dropped and counted (``num_dropped_documents``).
 
+``--windows`` chooses how training windows are drawn (validation is always the first ``--val-num``
+of the shuffled document windows above, so every choice is scored on the same held-out tokens):
+
+- ``document`` (the reference's): the document windows above, shuffled each epoch;
+- ``packed``: the documents end to end (each ends with its ``<|endoftext|>``) minus the held-out
+  windows' tokens, cut at fixed ``--stride`` steps into windows that cross documents, as Megatron
+  cuts its samples; shuffled each epoch;
+- ``random``: each epoch draws as many windows as ``packed`` makes, each at a start drawn uniformly
+  from that stream, seeded by ``(--seed, epoch)`` (nanoGPT's ``get_batch``).
+
 Fixes to the reference: every item is ``max_len + 1`` long so the model sees ``max_len`` positions
 (the reference cut ``max_len``), the window shuffle is seeded by ``--seed`` (reference: unseeded),
 and short documents keep all their tokens.
@@ -70,6 +80,54 @@ class WindowDataset(torch.utils.data.Dataset):
         item = torch.full((self.sample_len,), IGNORE_INDEX, dtype=torch.int64)  # (L,)
         item[:length] = self.tokens[start : start + length]
         return item
+
+
+class StreamWindows(torch.utils.data.Dataset):
+    """``--windows packed``: item ``i`` is ``stream[i * stride : i * stride + L]`` (no padding).
+
+    Attributes as ``WindowDataset``'s; ``stream`` is the 1-D token tensor the windows cut.
+    """
+
+    def __init__(self, stream: torch.Tensor, sample_len: int, stride: int, num_documents: int,
+                 num_dropped_documents: int, num_tokens: int) -> None:
+        if stream.numel() < sample_len:
+            raise ValueError(f"a stream of {stream.numel()} tokens is shorter than one window ({sample_len})")
+        self.stream = stream
+        self.sample_len = sample_len
+        self.stride = stride
+        self.num_documents = num_documents
+        self.num_dropped_documents = num_dropped_documents
+        self.num_tokens = num_tokens
+
+    def __len__(self) -> int:
+        return (int(self.stream.numel()) - self.sample_len) // self.stride + 1
+
+    def window_at(self, start: int) -> torch.Tensor:
+        return self.stream[start : start + self.sample_len].to(torch.int64)  # (L,)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.window_at(index * self.stride)
+
+
+class RandomStreamWindows(StreamWindows):
+    """``--windows random``: ``len()`` windows per epoch at uniformly drawn starts of the stream.
+
+    The trainer asks ``epoch_indices`` for the epoch's order (the ``EpochOrdered`` hook) and gets
+    start offsets, seeded by ``(seed, epoch)`` so a resumed run draws the same windows; ``[start]``
+    is the window beginning at that token.
+    """
+
+    def __init__(self, *args, seed: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seed = seed
+
+    def epoch_indices(self, epoch: int, count: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        last_start = int(self.stream.numel()) - self.sample_len
+        return torch.randint(0, last_start + 1, (count,), generator=generator)
+
+    def __getitem__(self, start: int) -> torch.Tensor:
+        return self.window_at(start)
 
 
 def document_windows(lengths: np.ndarray, max_len: int, stride: int) -> tuple[np.ndarray, int]:
@@ -203,5 +261,27 @@ def load(req: DataRequest) -> DatasetSplit:
     def part(rows: torch.Tensor) -> WindowDataset:
         return WindowDataset(tokens, rows, req.max_len + 1, len(lengths), dropped)
 
-    val = part(shuffled[: req.val_num]) if req.val_num else None
-    return DatasetSplit(train=part(shuffled[req.val_num :]), val=val)
+    val_rows = shuffled[: req.val_num]
+    val = part(val_rows) if req.val_num else None
+    if req.windows == "document":
+        return DatasetSplit(train=part(shuffled[req.val_num :]), val=val)
+    return DatasetSplit(train=_stream_windows(req, tokens, val_rows, len(lengths)), val=val)
+
+
+def _stream_windows(req: DataRequest, tokens: torch.Tensor, held_out: torch.Tensor,
+                    num_documents: int) -> StreamWindows:
+    """``packed`` / ``random`` training windows over every token outside the held-out windows."""
+    keep = torch.ones(tokens.numel(), dtype=torch.bool)
+    for start, length in held_out.tolist():
+        keep[start : start + length] = False
+    stream = tokens[keep]
+    L = req.max_len + 1
+    if stream.numel() < L:
+        raise UsageError(
+            f"{req.input_files[0]}: {stream.numel()} tokens are left outside the --val-num {req.val_num} "
+            f"held-out windows, fewer than one window ({L}); lower --val-num or --max-len"
+        )
+    args = (stream, L, req.stride, num_documents, 0, int(tokens.numel()))
+    if req.windows == "random":
+        return RandomStreamWindows(*args, seed=req.seed)
+    return StreamWindows(*args)

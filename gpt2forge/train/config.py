@@ -19,6 +19,7 @@ from typing import Any
 
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import flag, opt, positive
+from gpt2forge.data.contract import WINDOWS
 from gpt2forge.parallel.memory_plan import MemoryArgs
 from gpt2forge.parallel.topology import ParallelArgs
 
@@ -61,6 +62,11 @@ class DataArgs:
     """Tokens between the starts of consecutive pickle windows."""
     val_num: int = opt(0, "pickle: windows held out for validation (evaluated after each epoch)")
     """Pickle windows held out for validation."""
+    windows: str = opt("document", "(new) pickle: how training windows are drawn: document (the reference's: "
+                       "per document, overlapping tail, short documents padded) | packed (documents end to end, "
+                       "cut every --stride tokens, as Megatron) | random (uniform starts in that stream each "
+                       "epoch, as nanoGPT); validation windows are the same in all three", choices=WINDOWS)
+    """Training-window sampling of the pickle reader; held-out windows do not depend on it."""
     split: str = opt("969,30,1", "(new) mmap and tfrecord: train,valid,test weights over documents (mmap) or "
                      "records (tfrecord), Megatron's --split; valid is evaluated as validation loss")
     """Comma-separated train,valid,test weights."""
@@ -98,6 +104,13 @@ class OptimizerArgs:
     """Decoupled weight decay of matrices (parameters with >= 2 dimensions)."""
     learning_rate: float = opt(1e-5, "peak learning rate")
     """Peak learning rate, reached at the end of warm-up."""
+    adam_beta1: float = opt(0.9, "(new) Adam/AdamW/LAMB first-moment decay rate")
+    """Decay rate of the gradient's running mean, in [0, 1)."""
+    adam_beta2: float = opt(0.999, "(new) Adam/AdamW/LAMB second-moment decay rate")
+    """Decay rate of the squared gradient's running mean, in [0, 1)."""
+    adam_eps: float = opt(1e-8, "(new) Adam/AdamW/LAMB denominator epsilon (PyTorch, Hugging Face, Megatron and "
+                          "nanoGPT use 1e-8; the reference's 1e-6 learns less per update: --adam-eps 1e-6 restores it)")
+    """Added to the root of the second moment; the reference's QUIRK value 1e-6 is available by flag."""
     lr_schedule: str = opt("constant", "constant | linear | cosine, each after a linear warm-up",
                            choices=("constant", "linear", "cosine"))
     """Shape of the schedule after warm-up."""
@@ -122,6 +135,10 @@ class OptimizerArgs:
         if self.learning_rate < 0 or self.weight_decay < 0:
             problems.append("--learning-rate and --weight-decay must be >= 0")
         problems += positive(self, "max_nonfinite_updates")
+        problems += [f"--adam-{name} must be in [0, 1) (got {value})"
+                     for name, value in (("beta1", self.adam_beta1), ("beta2", self.adam_beta2)) if not 0 <= value < 1]
+        if self.adam_eps < 0:
+            problems.append(f"--adam-eps must be >= 0 (got {self.adam_eps})")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             problems.append("--max-grad-norm must be > 0")
         collect(problems)

@@ -56,7 +56,7 @@ def build_optimizer(
     lr: float,
     weight_decay: float,
     betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-6,
+    eps: float = 1e-8,
     device_type: str = "cpu",
     offload: bool = False,
     shard: bool = False,
@@ -69,7 +69,8 @@ def build_optimizer(
         name: one of `OPTIMIZERS`.
         lr: peak learning rate (`--learning-rate`); schedules scale it.
         weight_decay: `--weight-decay`, applied to `ndim >= 2` parameters only.
-        betas, eps: Adam moment decay rates and denominator epsilon (reference: eps 1e-6).
+        betas, eps: Adam moment decay rates and denominator epsilon (`--adam-beta1/2`, `--adam-eps`;
+            the reference used eps 1e-6).
         device_type: `"cpu"`, `"cuda"`, ...; Adam/AdamW use the fused kernel when the device
             type and every parameter dtype support it, else the foreach implementation.
         offload: keep the state and run the update in host memory (`OffloadedOptimizer`).

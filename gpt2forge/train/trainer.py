@@ -159,7 +159,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     data = load_datasets(DataRequest(cfg.data.dataset, tuple(cfg.data.input_files or ()), cfg.arch.max_len,
                                      model.config.vocab_size, cfg.data.seed, cfg.data.stride, cfg.data.val_num,
                                      samples_per_step, split=cfg.data.split, epochs=cfg.optim.epochs,
-                                     training_steps=cfg.optim.training_steps, verify=cfg.data.verify))
+                                     training_steps=cfg.optim.training_steps, verify=cfg.data.verify,
+                                     windows=cfg.data.windows))
     steps_per_epoch = len(data.train) // samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
@@ -230,7 +231,9 @@ def _print_stage_plan(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT
 def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer over what this process trains, placed (offloaded, ZeRO-1 sharded) as the strategy says."""
     placement = strategy.optimizer_placement()
-    return build_optimizer(placement.module, cfg.optim.optimizer, cfg.optim.learning_rate, cfg.optim.weight_decay,
+    optim = cfg.optim
+    return build_optimizer(placement.module, optim.optimizer, optim.learning_rate, optim.weight_decay,
+                           betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps,
                            device_type=device.type, offload=placement.offload, shard=placement.shard,
                            shard_group=placement.shard_group)
 

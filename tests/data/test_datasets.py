@@ -151,6 +151,36 @@ def test_val_num_and_stride_errors(tmp_path):
         load_datasets(_pickle_req(path, stride=0))
 
 
+def test_packed_and_random_windows_hold_out_the_same_validation(tmp_path):
+    docs = _docs([200, 150, 5, 60])
+    path = _write(tmp_path, docs)
+    split = {w: load_datasets(_pickle_req(path, seed=3, val_num=5, windows=w))
+             for w in ("document", "packed", "random")}
+    val = [torch.stack([s.val[i] for i in range(len(s.val))]) for s in split.values()]
+    assert torch.equal(val[0], val[1]) and torch.equal(val[0], val[2])
+    held_out = set(val[0][val[0] != IGNORE_INDEX].tolist())  # token ids are distinct across the corpus
+    stream = [t for d in docs for t in d if t not in held_out]  # documents end to end, held-out tokens cut
+
+    packed = split["packed"].train
+    assert len(packed) == (len(stream) - 8) // 4 + 1
+    for i in (0, 1, len(packed) - 1):  # stride 4, windows of max_len + 1 = 8, crossing documents
+        assert packed[i].tolist() == stream[4 * i : 4 * i + 8]
+    assert not held_out & {t for i in range(len(packed)) for t in packed[i].tolist()}
+
+    random_windows = split["random"].train
+    assert len(random_windows) == len(packed)
+    starts = random_windows.epoch_indices(0, 50)
+    assert torch.equal(starts, random_windows.epoch_indices(0, 50))  # seeded: a resume draws the same
+    assert not torch.equal(starts, random_windows.epoch_indices(1, 50))
+    assert int(starts.min()) >= 0 and int(starts.max()) <= len(stream) - 8
+    assert random_windows[int(starts[0])].tolist() == stream[int(starts[0]) : int(starts[0]) + 8]
+
+
+def test_windows_choice_is_checked():
+    with pytest.raises(UsageError, match="--windows stream is not one of document, packed, random"):
+        _pickle_req("x.pkl", windows="stream")
+
+
 def test_input_files_must_be_one_pkl(tmp_path):
     path = _write(tmp_path, _docs([22]))
     for files in ((), (path, path), (str(tmp_path / "docs.txt"),)):

@@ -16,6 +16,7 @@ from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig
 # The flat field names of the single TrainConfig before it was split into sections (issue 15): the
 # keys of every train_config.json saved next to a checkpoint and of --config files.
 FLAT_NAMES = {
+    "adam_beta1", "adam_beta2", "adam_eps", "windows",
     "async_dataloader", "auto_loss_scaling", "auto_resume", "batch_size", "checkpoint_input_dir",
     "checkpoint_output_dir", "compile_only", "custom_ops", "dataset", "device", "device_iterations",
     "embedding_serialization_factor", "enable_half_partials", "enable_sequence_serialized", "epochs",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.train.args import parse_args
 from gpt2forge.train.optim import (
     OPTIMIZERS,
     SCHEDULES,
@@ -103,7 +104,20 @@ def test_optimizer_classes_and_fused_selection():
     lamb_nbc = build_optimizer(model, "LAMBNoBiasCorrection", lr=1e-3, weight_decay=0.1)
     assert isinstance(lamb, Lamb) and lamb.defaults["bias_correction"] is True
     assert isinstance(lamb_nbc, Lamb) and lamb_nbc.defaults["bias_correction"] is False
-    assert lamb.defaults["max_weight_norm"] is None and lamb.defaults["eps"] == 1e-6
+    assert lamb.defaults["max_weight_norm"] is None and lamb.defaults["eps"] == 1e-8
+
+
+def test_adam_flags_reach_the_optimizer():
+    cfg = parse_args(["--dataset", "generated"])
+    assert (cfg.optim.adam_beta1, cfg.optim.adam_beta2, cfg.optim.adam_eps) == (0.9, 0.999, 1e-8)  # PyTorch's
+    cfg = parse_args(["--dataset", "generated", "--adam-eps", "1e-6", "--adam-beta1", "0.8", "--adam-beta2", "0.95"])
+    for name in ("AdamW", "LAMB"):
+        opt = build_optimizer(torch.nn.Linear(2, 2), name, lr=1e-3, weight_decay=0.0, eps=cfg.optim.adam_eps,
+                              betas=(cfg.optim.adam_beta1, cfg.optim.adam_beta2))
+        assert opt.defaults["eps"] == 1e-6 and opt.defaults["betas"] == (0.8, 0.95)
+    for bad in (["--adam-eps", "-1"], ["--adam-beta2", "1.0"]):
+        with pytest.raises(UsageError, match=bad[0]):
+            parse_args(["--dataset", "generated", *bad])
 
 
 def test_unknown_optimizer_names_flag():

@@ -1,0 +1,273 @@
+"""Learning per update: `make train` against transformers' own `Trainer`, held-out loss at equal updates.
+
+Both arms train `make train`'s model (config/config_mini.json, or `--model-config`) on the same
+training windows of the same corpus (build/stdlib_docs.pkl, made by `make train`) with the same
+hyper-parameters (8 x 128 tokens per update, AdamW, peak LR 1.5e-3, cosine after 20 warm-up
+updates, weight decay 0.1 on matrices, clip 1.0, eps 1e-8), and are scored on the same 64 held-out
+windows every `--eval-every` updates (token-weighted mean loss):
+
+  ours     `train_gpt2.py` with the Makefile's TRAIN_ARGS (`--torch-compile true`, the fused LM head
+           + loss, fused AdamW), `--seed S`, plus `--ours-flags` (for ablations)
+  trainer  `transformers.Trainer` on `GPT2LMHeadModel(GPT2Config(config_mini.json))` seeded with S,
+           `TrainingArguments` with the same settings, the windows from our pickle reader
+           (`--trainer-windows`: the reference's per-document windows unless told otherwise), the
+           loss over the same labels (`shift_labels`), a callback scoring the held-out windows
+
+Each run is its own process; the parent stamps every validation line with the time since the
+process started (imports, data loading and ours' torch.compile included), so wall times compare
+whole runs. Seeds alternate the arms (ours, trainer, ours, ...) so drifting background load hits
+both. Prints per arm the held-out loss at each scored update (mean and spread over seeds), the
+final gap, and the wall time ours needs to reach the Trainer's mean final loss as a fraction of the
+Trainer's wall time (target 0.7). Waits up to `--wait-quiet` seconds for a 1-minute load below 0.5
+before the first run (later runs find the load of the run before them), and records each run's
+starting load.
+
+    .venv/bin/python benchmarks/quality_parity.py                                  # 3 seeds, 300 updates
+    .venv/bin/python benchmarks/quality_parity.py --arms ours --ours-flags "--adam-eps 1e-6" --label eps1e-6
+    .venv/bin/python benchmarks/quality_parity.py --steps 4 --warmup 1 --eval-every 2 --seeds 0 --val-num 8  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VALIDATION = re.compile(r"validation after step (\d+): loss ([0-9.]+)")
+TARGET_WALL_RATIO = 0.7  # ours' wall time to the Trainer's final loss / the Trainer's wall time
+
+
+def make_train_args() -> list[str]:
+    """The Makefile's TRAIN_ARGS (what `make train` runs), with its variables left to `--set` below."""
+    text = (ROOT / "Makefile").read_text()
+    args = re.search(r"TRAIN_ARGS \?= (.*?)\n\n", text, re.S).group(1).replace("\\\n", " ")
+    return shlex.split(args.replace("$(PRECISION)", "fp32"))
+
+
+def with_flags(args: list[str], overrides: dict[str, str | None]) -> list[str]:
+    """`args` with each `--flag value` of `overrides` replaced (None drops the flag and its value)."""
+    out, i = [], 0
+    while i < len(args):
+        name = args[i]
+        j = i + 1
+        while j < len(args) and not args[j].startswith("--"):
+            j += 1
+        if name not in overrides:
+            out += args[i:j]
+        i = j
+    for name, value in overrides.items():
+        if value is not None:
+            out += [name, value]
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--arms", default="ours,trainer", help="comma-separated: ours, trainer")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (weights, window order)")
+    p.add_argument("--steps", type=int, default=300, help="optimizer updates per run")
+    p.add_argument("--warmup", type=int, default=20, help="warm-up updates (make train: 20)")
+    p.add_argument("--eval-every", type=int, default=25, help="score the held-out windows every N updates")
+    p.add_argument("--val-num", type=int, default=64, help="held-out windows (--val-num)")
+    p.add_argument("--corpus", default=str(ROOT / "build" / "stdlib_docs.pkl"), help="token-id pickle")
+    p.add_argument("--model-config", default=str(ROOT / "config" / "config_mini.json"),
+                   help="Hugging Face GPT-2 config.json of the model both arms train")
+    p.add_argument("--ours-flags", default="", help="extra train_gpt2.py flags for ours (ablations)")
+    p.add_argument("--trainer-windows", default="document", choices=("document", "packed"),
+                   help="training windows given to the Trainer (our pickle reader's --windows)")
+    p.add_argument("--label", default="", help="name of this configuration in the output")
+    p.add_argument("--wait-quiet", type=float, default=120.0,
+                   help="seconds to wait for a 1-minute load below 0.5 before each run (then warn)")
+    p.add_argument("--json", default=None, help="write every run's curve and the summary here")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run the Trainer arm
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------- the Trainer arm
+
+
+def trainer_worker(args: argparse.Namespace) -> None:
+    """Train with transformers' Trainer and print our validation line at every scored update."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from gpt2forge.data import DataRequest, load_datasets, split_batch
+
+    config = GPT2Config.from_json_file(args.model_config)
+    train_args = make_train_args()
+    max_len = int(train_args[train_args.index("--max-len") + 1])
+    config.n_positions = max_len  # as our trainer sizes a fresh model's position table to --max-len
+    data = load_datasets(DataRequest("pickle", (args.corpus,), max_len, config.vocab_size, args.seed,
+                                     stride=128, val_num=args.val_num, windows=args.trainer_windows))
+    eot = config.eos_token_id
+
+    def collate(items: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        input_ids, labels = split_batch(torch.stack(items))  # (B, T) each; padding labels are -100
+        input_ids = torch.where(labels == -100, torch.full_like(input_ids, eot), input_ids)
+        return {"input_ids": input_ids, "labels": labels, "shift_labels": labels}  # already shifted
+
+    val = [data.val[i] for i in range(len(data.val))]
+
+    def held_out_loss(model) -> float:
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, len(val), 8):
+                batch = collate(val[i:i + 8])
+                logits = model(input_ids=batch["input_ids"]).logits.float()  # (B, T, V)
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                                                         ignore_index=-100, reduction="sum")
+                total += loss.item()
+                count += int((batch["labels"] != -100).sum())
+        model.train()
+        return total / count
+
+    class Score(TrainerCallback):
+        def on_step_end(self, targs, state, control, model=None, **kwargs):
+            if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
+                print(f"validation after step {state.global_step}: loss {held_out_loss(model):.4f}", flush=True)
+
+    torch.manual_seed(args.seed)
+    model = GPT2LMHeadModel(config)
+    with tempfile.TemporaryDirectory() as out:
+        targs = TrainingArguments(
+            output_dir=out, max_steps=args.steps, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+            learning_rate=1.5e-3, lr_scheduler_type="cosine", warmup_steps=args.warmup, weight_decay=0.1,
+            max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, seed=args.seed,
+            data_seed=args.seed, logging_steps=20, save_strategy="no", eval_strategy="no", report_to="none",
+            use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False)
+        Trainer(model=model, args=targs, train_dataset=data.train, data_collator=collate,
+                callbacks=[Score()]).train()
+
+
+# ------------------------------------------------------------------------------- the parent
+
+
+def wait_for_quiet(limit_s: float) -> float:
+    """The 1-minute load once it is below 0.5, or after `limit_s` seconds (with a warning)."""
+    deadline = time.monotonic() + limit_s
+    while (load := os.getloadavg()[0]) >= 0.5 and time.monotonic() < deadline:
+        time.sleep(5)
+    if load >= 0.5:
+        print(f"warning: the machine is not quiet (1-minute load {load:.2f}); figures may be noisy", flush=True)
+    return load
+
+
+def run_arm(arm: str, seed: int, args: argparse.Namespace, tmp: str, first: bool) -> dict:
+    """One run in its own process: [(update, held-out loss, seconds since the process started)]."""
+    if arm == "ours":
+        flags = with_flags(make_train_args(), {
+            "--input-files": args.corpus, "--model-config": args.model_config, "--seed": str(seed),
+            "--training-steps": str(args.steps), "--lr-warmup-steps": str(args.warmup),
+            "--eval-every-steps": str(args.eval_every),
+            "--val-num": str(args.val_num), "--checkpoint-output-dir": None, "--save-per-steps": None,
+            "--sample-tokens": "0", "--sample-prompt": None, "--log-steps": str(args.eval_every),
+            "--metrics-file": os.path.join(tmp, f"metrics_{seed}.jsonl")})
+        cmd = [sys.executable, str(ROOT / "train_gpt2.py"), *flags, *shlex.split(args.ours_flags)]
+    else:
+        cmd = [sys.executable, __file__, "--worker", "trainer", "--seed", str(seed), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--eval-every", str(args.eval_every), "--val-num", str(args.val_num),
+               "--corpus", args.corpus,
+               "--model-config", args.model_config, "--trainer-windows", args.trainer_windows]
+    load = wait_for_quiet(args.wait_quiet) if first else os.getloadavg()[0]  # later: our own last run's load
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    curve, tail = [], []
+    for line in proc.stdout:
+        tail = (tail + [line])[-20:]
+        if (m := VALIDATION.search(line)) and int(m.group(1)) not in {s for s, _, _ in curve}:
+            curve.append((int(m.group(1)), float(m.group(2)), round(time.monotonic() - start, 2)))
+    wall = time.monotonic() - start
+    if proc.wait() != 0:
+        sys.exit(f"error: the {arm} run (seed {seed}) failed:\n{''.join(tail)}")
+    print(f"{arm:8s} seed {seed}: " + ", ".join(f"{s}: {loss:.3f}" for s, loss, _ in curve)
+          + f"  ({wall:.0f} s, load {load:.2f})", flush=True)
+    return {"arm": arm, "seed": seed, "curve": curve, "wall_s": round(wall, 2), "load_at_start": load}
+
+
+def time_to(curve: list[tuple[int, float, float]], target: float) -> float | None:
+    """Seconds until the held-out loss first reaches `target`, interpolated between scored updates."""
+    previous = None
+    for _, loss, t in curve:
+        if loss <= target:
+            if previous is None or previous[0] == loss:
+                return t
+            return previous[1] + (t - previous[1]) * (previous[0] - target) / (previous[0] - loss)
+        previous = (loss, t)
+    return None
+
+
+def summarize(runs: list[dict], label: str) -> dict:
+    """Mean and spread per arm at each scored update, the final gap and the wall-time ratio."""
+    arms = sorted({r["arm"] for r in runs})
+    summary = {"label": label, "arms": {}}
+    for arm in arms:
+        mine = [r for r in runs if r["arm"] == arm]
+        steps = sorted({s for r in mine for s, _, _ in r["curve"]})
+        at = {s: [loss for r in mine for step, loss, _ in r["curve"] if step == s] for s in steps}
+        summary["arms"][arm] = {
+            "loss": {s: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for s, v in at.items()},
+            "wall_s": statistics.mean(r["wall_s"] for r in mine)}
+    print(f"\nheld-out loss, mean +- stdev over seeds {sorted({r['seed'] for r in runs})} {label}")
+    steps = sorted({s for a in summary["arms"].values() for s in a["loss"]})
+    print("update  " + "  ".join(f"{arm:>16s}" for arm in arms))
+    for s in steps:
+        cells = [summary["arms"][a]["loss"].get(s) for a in arms]
+        print(f"{s:6d}  " + "  ".join(f"{c[0]:9.4f} +- {c[1]:.3f}" if c else f"{'':16s}" for c in cells))
+    print("wall s  " + "  ".join(f"{summary['arms'][a]['wall_s']:16.1f}" for a in arms))
+    if {"ours", "trainer"} <= set(arms):
+        ours, trainer = summary["arms"]["ours"], summary["arms"]["trainer"]
+        last = max(set(ours["loss"]) & set(trainer["loss"]))
+        gap = ours["loss"][last][0] - trainer["loss"][last][0]
+        noise = max(ours["loss"][last][1], trainer["loss"][last][1])
+        target = trainer["loss"][last][0]
+        reach = [time_to(r["curve"], target) for r in runs if r["arm"] == "ours"]
+        ratio = (statistics.mean(reach) / trainer["wall_s"]) if None not in reach else None
+        summary.update(final_update=last, gap=gap, seed_stdev=noise, wall_ratio=ratio)
+        print(f"\nat update {last}: ours - trainer = {gap:+.4f} (seed stdev up to {noise:.4f}): "
+              f"{'no worse beyond seed noise' if gap <= noise else 'WORSE beyond seed noise'}")
+        if ratio is None:
+            print(f"ours never reached the Trainer's final held-out loss {target:.4f} in {last} updates")
+        else:
+            print(f"ours reaches the Trainer's final held-out loss {target:.4f} in {ratio:.2f}x the Trainer's "
+                  f"wall time (target <= {TARGET_WALL_RATIO}): {'met' if ratio <= TARGET_WALL_RATIO else 'MISSED'}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker == "trainer":
+        trainer_worker(args)
+        return 0
+    if not Path(args.corpus).is_file():
+        sys.exit(f"error: {args.corpus} is missing; `make train` (or `make build/stdlib_docs.pkl`) builds it")
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not arms or set(arms) - {"ours", "trainer"}:
+        sys.exit(f"error: --arms {args.arms}: choose from ours, trainer")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(f"{args.steps} updates, held-out every {args.eval_every}, seeds {seeds}, ours flags: "
+          f"{args.ours_flags or '(Makefile TRAIN_ARGS)'}, trainer windows: {args.trainer_windows}", flush=True)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, seed in enumerate(seeds):
+            for arm in (arms if k % 2 == 0 else arms[::-1]):  # alternate the order: load drift hits both
+                runs.append(run_arm(arm, seed, args, tmp, first=not runs))
+    summary = summarize(runs, args.label)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "runs": runs, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Where one training step's time goes: GPT-2 small as `make train` trains it, profiled by category.
+
+Builds ours exactly as `benchmarks/train_throughput.py` does (GPT-2 small shape, dropout 0.1,
+`torch.compile`, the fused LM head + loss, fused AdamW, `step.train_step`), measures this CPU's
+fp32 matmul peak in the same run (an n x n x n matmul, best of several, before and after the
+steps: the best is kept), times the compile step and `--steps` steady steps, then profiles
+`--profile-steps` steps with `torch.profiler` and sorts every operator's own time into:
+
+  matmul: qkv / attention out / MLP / LM head   dense matmuls (aten::mm, addmm, bmm), by the weight
+                                                 they multiply (read from the shapes), forward and
+                                                 backward; GFLOP/s from the shapes
+  attention                                      the fused scaled-dot-product attention and its backward
+  LM head + loss (other than its matmuls)        the custom op's own work (softmax, loss, gradients)
+  optimizer                                      everything under the optimizer step
+  fused elementwise (inductor)                   torch.compile's generated kernels (layer norm, GELU,
+                                                 dropout, residual adds)
+  other operators                                the rest
+  framework overhead                             the step's wall time not spent in any operator
+
+and prints ms/step and the share of the step for each, tokens/s and MFU against the peak measured
+here (`ModelConfig.flops_per_token`: 6N + the attention term).
+
+    .venv/bin/python benchmarks/step_profile.py                          # B=4, T=256, as train_throughput
+    .venv/bin/python benchmarks/step_profile.py --model gpt2-test --batch-size 2 --seq-len 32 --steps 2  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from train_throughput import _build_ours, _model_config  # noqa: E402
+
+from gpt2forge.train.metrics import measure_cpu_peak  # noqa: E402
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+ORDER = ("matmul: qkv", "matmul: attention out", "matmul: MLP", "matmul: LM head", "attention",
+         "LM head + loss (other than its matmuls)", "optimizer", "fused elementwise (inductor)", "other operators")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="gpt2", help="gpt2forge model preset (config/)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--steps", type=int, default=3, help="timed steady steps (median reported)")
+    p.add_argument("--profile-steps", type=int, default=2, help="profiled steps (averaged)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--lm-loss", default="fused", choices=("fused", "plain"))
+    p.add_argument("--json", default=None, help="write the breakdown here")
+    return p.parse_args(argv)
+
+
+def matmul_kind(shapes: list[list[int]], C: int, vocab: int) -> str:
+    """Which weight a dense matmul multiplies, from its operands' shapes (forward or backward)."""
+    dims = {d for s in shapes for d in s}
+    if vocab in dims:
+        return "matmul: LM head"
+    if 3 * C in dims:
+        return "matmul: qkv"
+    if 4 * C in dims:
+        return "matmul: MLP"
+    return "matmul: attention out"
+
+
+def matmul_flops(name: str, shapes: list[list[int]]) -> float:
+    """2 * M * K * N (times the batch for bmm) from the operands' shapes; 0 when they are not recorded."""
+    mats = [s for s in shapes if len(s) >= 2][-2:]
+    if len(mats) != 2:
+        return 0.0
+    (*batch, m, k), (*_, _, n) = mats
+    return 2.0 * m * k * n * (batch[0] if batch else 1)
+
+
+def category(event, parents: list[str], C: int, vocab: int) -> str:
+    name = event.name
+    if any(p.startswith("Optimizer.step") for p in parents) or "adam" in name.lower():
+        return "optimizer"
+    if name in MATMULS:
+        return matmul_kind(event.input_shapes, C, vocab)
+    if "scaled_dot_product" in name or "flash_attention" in name:
+        return "attention"
+    if name.startswith("gpt2forge::") or any(p.startswith("gpt2forge::") for p in parents):
+        return "LM head + loss (other than its matmuls)"
+    if "cpp_fused" in name or name.startswith("graph_"):
+        return "fused elementwise (inductor)"
+    return "other operators"
+
+
+def breakdown(prof, steps: int, C: int, vocab: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(category -> ms per step of self time, matmul category -> FLOP per step)."""
+    ms, flops = defaultdict(float), defaultdict(float)
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        parents, p = [], event.cpu_parent
+        while p is not None:
+            parents.append(p.name)
+            p = p.cpu_parent
+        kind = category(event, parents, C, vocab)
+        ms[kind] += event.self_cpu_time_total / 1e3 / steps
+        if kind.startswith("matmul") and event.name in MATMULS:
+            flops[kind] += matmul_flops(event.name, event.input_shapes) / steps
+    return ms, flops
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch._inductor.config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
+    peak = measure_cpu_peak("fp32")
+    cfg = _model_config(args.model, args.seq_len)
+    torch.manual_seed(args.seed)
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(cfg)
+    step, info = _build_ours(args, torch.device("cpu"), "fp32", cfg, model)
+    vocab = model.transformer.wte.weight.shape[0]  # padded rows: what the head multiplies
+    gen = torch.Generator().manual_seed(args.seed)
+    batch = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
+
+    t0 = time.perf_counter()
+    step(batch)
+    compile_s = time.perf_counter() - t0
+    step(batch)  # warm-up after compiling
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step(batch)
+        times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.profile_steps):
+            step(batch)
+        profiled_s = (time.perf_counter() - t0) / args.profile_steps
+    peak = max(peak, measure_cpu_peak("fp32"))
+
+    ms, flops = breakdown(prof, args.profile_steps, cfg.n_embd, vocab)
+    ms["framework overhead"] = max(profiled_s * 1e3 - sum(ms.values()), 0.0)
+    tokens = args.batch_size * args.seq_len
+    fpt = cfg.flops_per_token(args.seq_len)
+    print(f"{args.model}, B={args.batch_size}, T={args.seq_len}, fp32, {torch.get_num_threads()} threads; "
+          f"{info['optimizer']}, compiled {info['compiled']}, LM loss {info['lm_loss']}")
+    print(f"fp32 matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s")
+    print(f"compile step {compile_s:.1f} s; steady step {step_s:.3f} s (median of {args.steps}), "
+          f"profiled step {profiled_s:.3f} s (the profiler's own cost included)")
+    print(f"\n{'category':42s} {'ms/step':>9s} {'share':>7s} {'GFLOP/s':>8s}")
+    total = sum(ms.values())
+    for kind in (*ORDER, "framework overhead"):
+        rate = f"{flops[kind] / (ms[kind] / 1e3) / 1e9:8.1f}" if flops.get(kind) and ms[kind] else f"{'':8s}"
+        print(f"{kind:42s} {ms[kind]:9.1f} {ms[kind] / total:7.1%} {rate}")
+    matmul_ms = sum(v for k, v in ms.items() if k.startswith("matmul"))
+    matmul_rate = sum(flops.values()) / (matmul_ms / 1e3) if matmul_ms else 0.0
+    print(f"{'all matmuls':42s} {matmul_ms:9.1f} {matmul_ms / total:7.1%} {matmul_rate / 1e9:8.1f}")
+    mfu = tokens / step_s * fpt / peak
+    print(f"\ntokens/s {tokens / step_s:.1f}; MFU {mfu:.1%} of the peak measured here "
+          f"({fpt / 1e6:.0f} MFLOP/token); matmuls at {matmul_rate / peak:.0%} of the peak")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "args": vars(args), "peak_flops": peak, "compile_s": compile_s, "step_s": step_s,
+            "profiled_step_s": profiled_s, "ms_per_step": dict(ms), "flops_per_step": dict(flops),
+            "tokens_per_s": tokens / step_s, "mfu": mfu}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

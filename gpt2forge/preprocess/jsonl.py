@@ -1,0 +1,143 @@
+"""Loose JSON in and out for the corpus-preparation tools: one JSON object per line.
+
+Reading streams (one line in memory at a time) and checks every line: invalid UTF-8, a malformed
+line, a line that is not an object, a missing or non-string text field and an empty file each stop
+with a `UsageError` naming the file and line, unless `skip_bad_lines` counts and skips them (an
+empty file is always an error). Blank lines are skipped silently; line numbers stay those of the
+file. Each document carries a key: its `url` or `id` field (the first present of `key_fields`),
+else `line:<n>`.
+
+Writing is atomic: `atomic_jsonl(path)` writes `path`'s temporary sibling and renames it over
+`path` only when the block ends without an exception, so an interrupted run leaves nothing that
+looks complete.
+
+    with atomic_jsonl("clean.jsonl") as out:
+        for doc in read_documents("raw.jsonl", skip_bad_lines=True, bad=counter):
+            out.write(doc.record)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from gpt2forge.core.atomic import fsync_path, write_atomic
+from gpt2forge.core.errors import UsageError
+
+KEY_FIELDS = ("url", "id")
+"""Fields that name a document, first present wins; else its line number."""
+
+
+@dataclasses.dataclass
+class Document:
+    """One line of a loose-JSON file."""
+
+    line: int
+    """1-based line number in the file."""
+    key: str
+    """The document's `url`/`id` field, or `line:<n>`."""
+    text: str
+    """The text field."""
+    record: dict
+    """The whole JSON object (written back out with its other fields)."""
+
+
+def _problem(raw: bytes, text_key: str) -> tuple[str, dict | None]:
+    """(what is wrong with the line, or ""; the parsed object when nothing is)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"invalid UTF-8 at byte {exc.start} of the line", None
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        return f"not valid JSON ({exc.msg} at column {exc.colno})", None
+    if not isinstance(obj, dict):
+        return f"a JSON {type(obj).__name__}, not an object", None
+    if text_key not in obj:
+        fields = ", ".join(map(str, obj)) or "none"
+        return f"no {text_key!r} field (fields: {fields}); choose it with --text-key", None
+    if not isinstance(obj[text_key], str):
+        return f"the {text_key!r} field is a {type(obj[text_key]).__name__}, not a string", None
+    return "", obj
+
+
+def read_documents(path: str | Path, text_key: str = "text", key_fields: tuple[str, ...] = KEY_FIELDS,
+                   skip_bad_lines: bool = False, bad: Counter | None = None) -> Iterator[Document]:
+    """The documents of a loose-JSON file, in file order (module docstring for the checks).
+
+    Args:
+        path: the file.
+        text_key: the field holding the text.
+        key_fields: fields naming a document, first present wins.
+        skip_bad_lines: count and skip bad lines instead of stopping.
+        bad: where skipped lines are counted (`bad["bad_lines"]`), when given.
+
+    Raises:
+        UsageError: an unreadable or empty file, or a bad line without `skip_bad_lines`.
+    """
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+    seen_any = False
+    with f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            seen_any = True
+            problem, obj = _problem(raw, text_key)
+            if problem:
+                if not skip_bad_lines:
+                    raise UsageError(f"{path}:{n}: {problem}; fix the line or pass --skip-bad-lines to skip "
+                                     "and count such lines")
+                if bad is not None:
+                    bad["bad_lines"] += 1
+                continue
+            key = next((str(obj[k]) for k in key_fields if obj.get(k) not in (None, "")), f"line:{n}")
+            yield Document(n, key, obj[text_key], obj)
+    if not seen_any:
+        raise UsageError(f"{path}: the file is empty; expected loose JSON, one object per line "
+                         f'(e.g. {{"text": "...", "url": "..."}})')
+
+
+class JsonlWriter:
+    """Writes one JSON object per line (UTF-8, non-ASCII kept as is) and counts them."""
+
+    def __init__(self, f: IO[str]):
+        self._f = f
+        self.count = 0
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.count += 1
+
+
+@contextlib.contextmanager
+def atomic_jsonl(path: str | Path) -> Iterator[JsonlWriter]:
+    """A `JsonlWriter` whose file appears at `path` only if the block completes (module docstring)."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise UsageError(f"{path}: the folder {path.parent} does not exist; create it first")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            yield JsonlWriter(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_path(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_json(path: str | Path, obj: object) -> None:
+    """Write one JSON document (a manifest, duplicate pairs, groups) atomically."""
+    write_atomic(path, json.dumps(obj, ensure_ascii=False, indent=1) + "\n")

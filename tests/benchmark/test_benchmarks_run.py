@@ -1,0 +1,51 @@
+"""The issue-24 benchmarks run end to end on a tiny shape and print their ratios (no timing is checked)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def run(args: list[str]) -> str:
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_quality_parity_runs_both_arms_on_a_tiny_model(tmp_path):
+    gen = __import__("numpy").random.default_rng(0)
+    docs = [list(gen.integers(0, 50256, int(n))) + [50256] for n in gen.integers(40, 400, 60)]
+    corpus = tmp_path / "corpus.pkl"
+    corpus.write_bytes(pickle.dumps([[int(t) for t in d] for d in docs]))
+    config = json.loads((ROOT / "config" / "config_mini.json").read_text())
+    config.update(n_embd=32, n_head=2, n_layer=2)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = run(["benchmarks/quality_parity.py", "--steps", "4", "--warmup", "1", "--eval-every", "2", "--seeds", "0,1",
+               "--val-num", "4", "--corpus", str(corpus), "--model-config", str(tmp_path / "config.json"),
+               "--ours-flags", "--torch-compile false", "--wait-quiet", "0", "--json", str(tmp_path / "r.json")])
+    assert "ours - trainer" in out and "Trainer's final held-out loss" in out
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert {(r["arm"], r["seed"]) for r in result["runs"]} == {(a, s) for a in ("ours", "trainer") for s in (0, 1)}
+    for r in result["runs"]:
+        assert [s for s, _, _ in r["curve"]] == [2, 4] and all(0 < loss < 12 for _, loss, _ in r["curve"])
+
+
+def test_step_profile_prints_the_breakdown():
+    out = run(["benchmarks/step_profile.py", "--model", "gpt2-test", "--batch-size", "1", "--seq-len", "16",
+               "--steps", "1", "--profile-steps", "1"])
+    for line in ("matmul: qkv", "matmul: LM head", "optimizer", "framework overhead", "MFU"):
+        assert line in out
+
+
+def test_generation_latency_prints_the_floor_ratio():
+    out = run(["benchmarks/generation_latency.py", "--model", "gpt2-test", "--quick", "--no-compile",
+               "--prompt-len", "8", "--new-tokens", "4", "--hf-threads", "ours"])
+    assert "ours / floor:" in out and "triad" in out and "bandwidth at the end" in out
