@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--corpus", default=str(ROOT / "build" / "stdlib_docs.pkl"), help="token-id pickle")
     p.add_argument("--model-config", default=str(ROOT / "config" / "config_mini.json"),
                    help="Hugging Face GPT-2 config.json of the model both arms train")
+    p.add_argument("--init", default="own", choices=("own", "shared"),
+                   help="own: each arm draws its initial weights from the seed (ours: model.init_weights; the "
+                        "Trainer: transformers' GPT-2 init); shared: both start from transformers' draw, saved as "
+                        "a Hugging Face directory that ours loads with --checkpoint-input-dir")
+    p.add_argument("--init-dir", default=None, help=argparse.SUPPRESS)  # internal: the shared weights
     p.add_argument("--ours-flags", default="", help="extra train_gpt2.py flags for ours (ablations)")
     p.add_argument("--trainer-windows", default="document", choices=("document", "packed"),
                    help="training windows given to the Trainer (our pickle reader's --windows)")
@@ -138,8 +143,11 @@ def trainer_worker(args: argparse.Namespace) -> None:
             if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
                 print(f"validation after step {state.global_step}: loss {held_out_loss(model):.4f}", flush=True)
 
-    torch.manual_seed(args.seed)
-    model = GPT2LMHeadModel(config)
+    if args.init_dir:
+        model = GPT2LMHeadModel.from_pretrained(args.init_dir, local_files_only=True)
+    else:
+        torch.manual_seed(args.seed)
+        model = GPT2LMHeadModel(config)
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
             output_dir=out, max_steps=args.steps, per_device_train_batch_size=8, gradient_accumulation_steps=1,
@@ -164,8 +172,25 @@ def wait_for_quiet(limit_s: float) -> float:
     return load
 
 
+def shared_init(seed: int, args: argparse.Namespace, tmp: str) -> str:
+    """transformers' GPT-2 initial weights for `seed`, saved as a Hugging Face directory (once per seed)."""
+    folder = os.path.join(tmp, f"init_{seed}")
+    if not os.path.isdir(folder):
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config.from_json_file(args.model_config)
+        train_args = make_train_args()
+        config.n_positions = int(train_args[train_args.index("--max-len") + 1])
+        torch.manual_seed(seed)
+        GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
 def run_arm(arm: str, seed: int, args: argparse.Namespace, tmp: str, first: bool) -> dict:
     """One run in its own process: [(update, held-out loss, seconds since the process started)]."""
+    init = ["--checkpoint-input-dir" if arm == "ours" else "--init-dir", shared_init(seed, args, tmp)] \
+        if args.init == "shared" else []
     if arm == "ours":
         flags = with_flags(make_train_args(), {
             "--input-files": args.corpus, "--model-config": args.model_config, "--seed": str(seed),
@@ -174,12 +199,12 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, tmp: str, first: bool
             "--val-num": str(args.val_num), "--checkpoint-output-dir": None, "--save-per-steps": None,
             "--sample-tokens": "0", "--sample-prompt": None, "--log-steps": str(args.eval_every),
             "--metrics-file": os.path.join(tmp, f"metrics_{seed}.jsonl")})
-        cmd = [sys.executable, str(ROOT / "train_gpt2.py"), *flags, *shlex.split(args.ours_flags)]
+        cmd = [sys.executable, str(ROOT / "train_gpt2.py"), *flags, *init, *shlex.split(args.ours_flags)]
     else:
         cmd = [sys.executable, __file__, "--worker", "trainer", "--seed", str(seed), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--eval-every", str(args.eval_every), "--val-num", str(args.val_num),
                "--corpus", args.corpus,
-               "--model-config", args.model_config, "--trainer-windows", args.trainer_windows]
+               "--model-config", args.model_config, "--trainer-windows", args.trainer_windows, *init]
     load = wait_for_quiet(args.wait_quiet) if first else os.getloadavg()[0]  # later: our own last run's load
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -234,9 +259,14 @@ def summarize(runs: list[dict], label: str) -> dict:
         target = trainer["loss"][last][0]
         reach = [time_to(r["curve"], target) for r in runs if r["arm"] == "ours"]
         ratio = (statistics.mean(reach) / trainer["wall_s"]) if None not in reach else None
-        summary.update(final_update=last, gap=gap, seed_stdev=noise, wall_ratio=ratio)
+        # Paired by seed: a seed fixes the held-out windows and the window order for both arms.
+        final = {(r["arm"], r["seed"]): dict((s, loss) for s, loss, _ in r["curve"])[last] for r in runs}
+        paired = [final["ours", s] - final["trainer", s] for s in sorted({r["seed"] for r in runs})
+                  if ("ours", s) in final and ("trainer", s) in final]
+        summary.update(final_update=last, gap=gap, seed_stdev=noise, wall_ratio=ratio, paired_gaps=paired)
         print(f"\nat update {last}: ours - trainer = {gap:+.4f} (seed stdev up to {noise:.4f}): "
-              f"{'no worse beyond seed noise' if gap <= noise else 'WORSE beyond seed noise'}")
+              f"{'no worse beyond seed noise' if gap <= noise else 'WORSE beyond seed noise'}; per seed "
+              + ", ".join(f"{g:+.4f}" for g in paired))
         if ratio is None:
             print(f"ours never reached the Trainer's final held-out loss {target:.4f} in {last} updates")
         else:
@@ -256,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if not arms or set(arms) - {"ours", "trainer"}:
         sys.exit(f"error: --arms {args.arms}: choose from ours, trainer")
     seeds = [int(s) for s in args.seeds.split(",")]
-    print(f"{args.steps} updates, held-out every {args.eval_every}, seeds {seeds}, ours flags: "
+    print(f"{args.steps} updates, held-out every {args.eval_every}, seeds {seeds}, init {args.init}, ours flags: "
           f"{args.ours_flags or '(Makefile TRAIN_ARGS)'}, trainer windows: {args.trainer_windows}", flush=True)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,341 @@
+"""Deduplication: exact (hash of the normalized text) and near-duplicate (MinHash LSH, minhash.py).
+
+Two passes over the input, memory bounded by the signatures, never by the texts:
+
+1. `fingerprint_files` streams the loose-JSON files once; worker processes turn chunks of texts
+   into signatures (`num_perm` x uint32) and exact hashes, returned in input order. Per document
+   it keeps the signature, the exact hash, its key (`url`/`id`/`line:<n>`), its file, line and
+   length: ~430 bytes plus the key (~60 bytes + its length), ~0.45 GB per million documents at the
+   defaults; ~0.85 GB at the peak, when the chunks' signatures are joined (the LSH stage works one
+   band at a time, ~100 bytes per document).
+2. `candidate_pairs` buckets the signatures by LSH band (vectorized sorts), `verify_pairs` re-reads
+   only the candidate documents (in batches under `budget_chars` of text) and computes their exact
+   Jaccard similarity on worker processes; pairs above the threshold are grouped with union-find.
+
+Which document is kept: the first in input order (loaded fingerprints come before the inputs), so
+a new shard is deduplicated against earlier ones and never the other way round.
+
+Fingerprints are saved as one `.npz` of plain arrays (keys as UTF-8 bytes + offsets, settings and
+sources as JSON bytes), written atomically and read with `allow_pickle=False`: never pickle.
+"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import io
+import json
+import multiprocessing as mp
+from collections import Counter, deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from gpt2forge.core.atomic import write_atomic
+from gpt2forge.core.errors import UsageError
+from gpt2forge.preprocess.jsonl import atomic_jsonl, read_documents
+from gpt2forge.preprocess.minhash import MinHasher, MinHashParams, exact_hash, jaccard
+
+FORMAT = "gpt2forge-minhash-fingerprints"
+VERSION = 1
+MEMORY_HELP = ("Memory: ~0.45 GB per million documents at the defaults (a 100 x 4-byte signature, 8-byte hash, "
+               "file/line/length each), ~0.85 GB at peak (signatures joined once), plus the keys (~60 bytes + "
+               "their length each); never the texts: candidate texts are re-read in batches of at most 1 GB")
+
+
+@dataclasses.dataclass
+class Fingerprints:
+    """Per-document fingerprints of one or more files, in input order (row i = document i)."""
+
+    params: MinHashParams
+    sources: list[dict]          # [{"path": str, "text_key": str}], indexed by `source`
+    keys: list[str]              # document keys (url / id / line:<n>)
+    signatures: np.ndarray       # (N, num_perm) uint32
+    exact: np.ndarray            # (N,) uint64, exact_hash of the text
+    source: np.ndarray           # (N,) int32, index into `sources`
+    line: np.ndarray             # (N,) int64, 1-based line in its file
+    chars: np.ndarray            # (N,) int64, text length in characters
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def concat(parts: list[Fingerprints]) -> Fingerprints:
+    """One Fingerprints of `parts` in order; UsageError when their settings differ."""
+    params = {p.params for p in parts}
+    if len(params) > 1:
+        raise UsageError(f"the fingerprints were made with different settings ({', '.join(map(str, params))}); "
+                         "re-create them with the same --num-seeds/--num-bands/--shingle/--ngram/--seed")
+    offsets = np.cumsum([0] + [len(p.sources) for p in parts])
+    return Fingerprints(
+        parts[0].params, [s for p in parts for s in p.sources], [k for p in parts for k in p.keys],
+        np.concatenate([p.signatures for p in parts]), np.concatenate([p.exact for p in parts]),
+        np.concatenate([p.source + off for p, off in zip(parts, offsets)]).astype(np.int32),
+        np.concatenate([p.line for p in parts]), np.concatenate([p.chars for p in parts]))
+
+
+# Per-process hasher, set by _init in workers (and in the parent for workers=0).
+_HASHER: MinHasher | None = None
+
+
+def _init(params: MinHashParams) -> None:
+    global _HASHER
+    _HASHER = MinHasher(params)
+
+
+def _fingerprint_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(signatures (k, num_perm) uint32, exact hashes (k,) uint64) of a chunk of texts (worker side)."""
+    sigs = np.stack([_HASHER.signature(_HASHER.shingles(t)) for t in texts])
+    return sigs, np.array([exact_hash(t) for t in texts], dtype=np.uint64)
+
+
+def _chunks(docs: Iterator, chunk_docs: int = 256, chunk_chars: int = 1 << 20) -> Iterator[list]:
+    buf, size = [], 0
+    for doc in docs:
+        buf.append(doc)
+        size += len(doc.text)
+        if len(buf) >= chunk_docs or size >= chunk_chars:
+            yield buf
+            buf, size = [], 0
+    if buf:
+        yield buf
+
+
+def _ordered_map(fn, tasks: Iterator, workers: int, params: MinHashParams) -> Iterator:
+    """fn over tasks on `workers` processes (0: here), results in task order, bounded read-ahead."""
+    if workers <= 0:
+        _init(params)
+        yield from map(fn, tasks)
+        return
+    with mp.get_context("fork").Pool(workers, initializer=_init, initargs=(params,)) as pool:
+        pending: deque = deque()  # not pool.imap: its feeder thread would read the whole input ahead
+        for task in tasks:
+            pending.append(pool.apply_async(fn, (task,)))
+            while len(pending) > 2 * workers + 2 or (pending and pending[0].ready()):
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParams | None = None, *,
+                      text_key: str = "text", workers: int = 1, skip_bad_lines: bool = False,
+                      bad: Counter | None = None, progress: bool = True) -> Fingerprints:
+    """Fingerprint loose-JSON files, streaming (module docstring, pass 1).
+
+    Args:
+        inputs: (file, key field) pairs, as the seed's `--inputs cc.json url news.json id`; a document
+            without the key field is named `line:<n>`; key field None: `url`, else `id`, else the line.
+        params: MinHash settings (None: the seed's defaults).
+        text_key / skip_bad_lines / bad: as `read_documents` (bad lines raise UsageError naming file:line).
+        workers: processes computing signatures (0: this process).
+    """
+    params = params or MinHashParams()
+    keys: list[str] = []
+    sigs, exact = [], []
+    source, line, chars = array.array("i"), array.array("q"), array.array("q")  # 4-8 bytes per document
+    sources = [{"path": str(Path(p).resolve()), "text_key": text_key} for p, _ in inputs]
+
+    def documents():
+        for s, (path, key) in enumerate(inputs):
+            key_fields = ("url", "id") if key is None else (key,)
+            for doc in read_documents(path, text_key, key_fields, skip_bad_lines, bad):
+                keys.append(doc.key)
+                source.append(s)
+                line.append(doc.line)
+                chars.append(len(doc.text))
+                yield doc
+
+    tasks = ([d.text for d in chunk] for chunk in _chunks(documents()))
+    with tqdm(desc="fingerprinting", unit="doc", disable=not progress) as bar:  # closed before an error prints
+        for chunk_sigs, chunk_exact in _ordered_map(_fingerprint_chunk, tasks, workers, params):
+            sigs.append(chunk_sigs)
+            exact.append(chunk_exact)
+            bar.update(len(chunk_exact))
+    empty = np.zeros((0, params.num_perm), dtype=np.uint32)
+    return Fingerprints(params, sources, keys, np.concatenate(sigs) if sigs else empty,
+                        np.concatenate(exact) if exact else np.zeros(0, np.uint64), np.frombuffer(source, np.int32),
+                        np.frombuffer(line, np.int64), np.frombuffer(chars, np.int64))
+
+
+def save_fingerprints(fp: Fingerprints, path: str | Path) -> None:
+    """Write `fp` to `path` as one `.npz` of plain arrays (no pickle), atomically."""
+    encoded = [k.encode("utf-8", "surrogatepass") for k in fp.keys]
+    meta = {"format": FORMAT, "version": VERSION, "params": dataclasses.asdict(fp.params), "sources": fp.sources}
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+             key_bytes=np.frombuffer(b"".join(encoded), dtype=np.uint8),
+             key_offsets=np.cumsum([0] + [len(k) for k in encoded], dtype=np.int64),
+             signatures=fp.signatures, exact=fp.exact, source=fp.source, line=fp.line, chars=fp.chars)
+    write_atomic(path, buf.getvalue())
+
+
+def load_fingerprints(path: str | Path) -> Fingerprints:
+    """Read fingerprints written by `save_fingerprints`; UsageError naming the file when it is not one."""
+    path = Path(path)
+    hint = "re-create it with find_duplicates.py --save-fingerprints (pickled fingerprints are refused)"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+        meta = json.loads(arrays["meta"].tobytes())
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise ValueError(f"format {meta.get('format')} version {meta.get('version')}")
+        blob, offsets = arrays["key_bytes"].tobytes(), arrays["key_offsets"]
+        keys = [blob[a:b].decode("utf-8", "surrogatepass") for a, b in zip(offsets[:-1], offsets[1:])]
+        fp = Fingerprints(MinHashParams(**meta["params"]), meta["sources"], keys, arrays["signatures"],
+                          arrays["exact"], arrays["source"], arrays["line"], arrays["chars"])
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such fingerprint file; check --load-fingerprints") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{path}: not a gpt2forge fingerprint file ({exc}); {hint}") from None
+    if not all(len(a) == len(keys) for a in (fp.signatures, fp.exact, fp.source, fp.line, fp.chars)):
+        raise UsageError(f"{path}: its arrays disagree in length (a damaged file); {hint}")
+    for s in fp.sources:  # the texts are re-read to verify pairs: also look next to the fingerprint file
+        if not Path(s["path"]).exists() and (path.parent / Path(s["path"]).name).exists():
+            s["path"] = str(path.parent / Path(s["path"]).name)
+    return fp
+
+
+def exact_duplicates(fp: Fingerprints) -> np.ndarray:
+    """(N,) bool: True for a document whose normalized text equals an earlier document's."""
+    _, first = np.unique(fp.exact, return_index=True)
+    dup = np.ones(len(fp), dtype=bool)
+    dup[first] = False  # np.unique's index is the first occurrence
+    return dup
+
+
+def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1) -> np.ndarray:
+    """(M, 2) int64 (main, other) document indices sharing an LSH band key, main < other, unique, sorted.
+
+    In each bucket (members in input order) the first `heuristic_iter` members are each paired with
+    every later member (the seed's --heuristic-iter: 1 compares all to one main; -1 all pairs).
+    """
+    hasher, n, found = MinHasher(fp.params), len(fp), []
+    for b in range(fp.params.bands):  # one band at a time: 8 bytes per document, not 8 per signature row
+        band = hasher.band_keys(fp.signatures, b)
+        order = np.argsort(band, kind="stable")  # equal keys keep input order
+        sorted_keys = band[order]
+        start = np.ones(n, dtype=bool)
+        start[1:] = sorted_keys[1:] != sorted_keys[:-1]
+        run_start = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+        if heuristic_iter == 1:  # the common case, vectorized: pair each member with its bucket's first
+            inner = ~start
+            found.append(np.stack([order[run_start[inner]], order[inner]], axis=1))
+            continue
+        sizes = np.diff(np.flatnonzero(np.append(start, True)))
+        for s, size in zip(np.flatnonzero(start), sizes):
+            if size < 2:
+                continue
+            members = order[s:s + size]
+            mains = size if heuristic_iter < 0 else min(heuristic_iter, size)
+            found.extend(np.stack([np.full(size - m - 1, members[m]), members[m + 1:]], axis=1) for m in range(mains))
+    if not found:
+        return np.zeros((0, 2), dtype=np.int64)
+    pairs = np.concatenate(found).astype(np.int64)
+    codes = np.unique(pairs[:, 0] * n + pairs[:, 1])  # one code per pair: dedups across bands and sorts
+    return np.stack([codes // n, codes % n], axis=1)
+
+
+def _texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
+    """{document index: text} for the `wanted` indices, re-read from their files by line number."""
+    texts: dict[int, str] = {}
+    for s in np.unique(fp.source[wanted]):
+        src = fp.sources[s]
+        rows = wanted[fp.source[wanted] == s]
+        by_line = dict(zip(fp.line[rows].tolist(), rows.tolist()))
+        if not Path(src["path"]).exists():
+            raise UsageError(f"{src['path']}: missing, and its documents are candidate duplicates; put the file "
+                             "back there or next to its fingerprint file")
+        for doc in read_documents(src["path"], src["text_key"], skip_bad_lines=True):
+            if doc.line in by_line:
+                texts[by_line[doc.line]] = doc.text
+        if any(i not in texts for i in rows.tolist()):
+            raise UsageError(f"{src['path']}: changed since it was fingerprinted (lines missing); re-run "
+                             "find_duplicates.py on it with --overwrite")
+    return texts
+
+
+def _verify_group(task: tuple) -> list[tuple[int, float]]:
+    """(other, similarity) for a main text against its candidates (worker side)."""
+    main_text, others, mode = task
+    main = _HASHER.shingles(main_text)
+    return [(j, jaccard(main, _HASHER.shingles(t), mode)) for j, t in others]
+
+
+def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", threshold: float = 0.5,
+                 workers: int = 1, budget_chars: int = 1 << 30, progress: bool = True) -> list[tuple[int, int, float]]:
+    """(main, other, exact Jaccard) for the candidate `pairs` whose similarity is above `threshold`.
+
+    Texts are re-read in batches of pairs whose documents total at most `budget_chars` characters.
+    """
+    kept: list[tuple[int, int, float]] = []
+    with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
+        for lo, hi in _batches(fp, pairs, budget_chars):
+            batch = pairs[lo:hi]
+            texts = _texts(fp, np.unique(batch))
+            mains, starts = np.unique(batch[:, 0], return_index=True)
+            bounds = np.append(starts, len(batch))
+            tasks = ((texts[m], [(j, texts[j]) for j in batch[a:b, 1].tolist()], mode)
+                     for m, a, b in zip(mains.tolist(), bounds[:-1], bounds[1:]))
+            for m, result in zip(mains.tolist(), _ordered_map(_verify_group, tasks, workers, fp.params)):
+                kept.extend((m, j, sim) for j, sim in result if sim > threshold)
+                bar.update(len(result))
+    return kept
+
+
+def _batches(fp: Fingerprints, pairs: np.ndarray, budget_chars: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) ranges of `pairs` whose documents total at most `budget_chars` (at least one pair each)."""
+    lo = 0
+    while lo < len(pairs):
+        need = np.cumsum(fp.chars[pairs[lo:, 0]] + fp.chars[pairs[lo:, 1]])  # counts a shared main twice: safe
+        hi = lo + max(1, int(np.searchsorted(need, budget_chars, side="right")))
+        yield lo, hi
+        lo = hi
+
+
+def group_duplicates(n: int, pairs: list[tuple[int, int, float]] | np.ndarray) -> np.ndarray:
+    """(n,) int64 union-find labels: each document's group is named by its first member (input order)."""
+    parent = np.arange(n)
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]  # path halving
+            i = parent[i]
+        return i
+
+    for i, j, *_ in pairs:
+        ri, rj = root(int(i)), root(int(j))
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)  # the earlier document names the group
+    return np.array([root(i) for i in range(n)], dtype=np.int64)
+
+
+def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float = 0.5, heuristic_iter: int = 1,
+                    workers: int = 1, progress: bool = True) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
+    """(removed mask (N,) bool, verified pairs): every document but the first of its group is removed."""
+    pairs = verify_pairs(fp, candidate_pairs(fp, heuristic_iter), mode=mode, threshold=threshold,
+                         workers=workers, progress=progress)
+    labels = group_duplicates(len(fp), pairs)
+    return labels != np.arange(len(fp)), pairs
+
+
+def write_kept(fp: Fingerprints, removed: np.ndarray, output: str | Path) -> tuple[int, int]:
+    """Stream the fingerprinted files into `output` (atomically) without the `removed` documents.
+
+    Returns (documents written, characters removed). Records are written back whole, in input order.
+    """
+    row = {(int(s), int(n)): i for i, (s, n) in enumerate(zip(fp.source, fp.line))}
+    written, removed_chars = 0, 0
+    with atomic_jsonl(output) as out:
+        for s, src in enumerate(fp.sources):
+            for doc in read_documents(src["path"], src["text_key"], skip_bad_lines=True):
+                i = row.get((s, doc.line))
+                if i is None:  # a line skipped as bad when fingerprinted
+                    continue
+                if removed[i]:
+                    removed_chars += len(doc.text)
+                else:
+                    out.write(doc.record)
+                    written += 1
+    return written, removed_chars

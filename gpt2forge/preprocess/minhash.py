@@ -1,0 +1,182 @@
+"""MinHash signatures, LSH band keys and exact Jaccard, vectorized with numpy.
+
+A document's text is normalized (`normalize_text`: NFC, lower-case, whitespace runs -> one space),
+cut into shingles (character n-grams, or word n-grams), and each shingle is hashed once to 64 bits:
+character n-grams by a rolling polynomial over the code points (numpy, no Python loop per shingle),
+word n-grams by combining per-word hashes (xxhash when installed, else blake2b) the same way. The
+set of shingle hashes (`np.unique`) is what Jaccard similarity is computed on.
+
+The signature applies `num_perm` universal hash functions to every shingle hash at once, as one
+`(num_perm, n_shingles)` array: h_i(x) = (a_i * x + b_i) mod 2^64, top 32 bits (multiply-add-shift,
+a 2-universal family that needs no 128-bit product), and keeps the minimum of each row: `num_perm`
+uint32 values, 4 bytes each. Two documents agree on a row with probability equal to their Jaccard
+similarity J, so the fraction of equal rows estimates J with standard deviation sqrt(J(1-J)/num_perm).
+
+LSH cuts the signature into `bands` bands of `num_perm / bands` rows and hashes each band to one
+uint64 key: documents sharing a key in any band are candidates (probability 1 - (1 - J^r)^b).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import unicodedata
+
+import numpy as np
+
+from gpt2forge.core.errors import UsageError
+
+try:  # a fast 64-bit hash for words; blake2b (stdlib) gives the same statistics, slower
+    import xxhash
+
+    def _word_hash(word: str) -> int:
+        return xxhash.xxh3_64_intdigest(word.encode("utf-8", "surrogatepass"))
+except ImportError:  # pragma: no cover - depends on the environment
+    xxhash = None
+
+    def _word_hash(word: str) -> int:
+        return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+
+SHINGLES = ("chars", "words")
+JACCARD_MODES = ("union", "min", "max")
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+_POLY = np.uint64(0x100000001B3)     # odd multiplier of the rolling shingle hash (FNV prime)
+
+
+@dataclasses.dataclass(frozen=True)
+class MinHashParams:
+    """How documents are fingerprinted; saved with the fingerprints, which must agree to combine."""
+
+    shingle: str = "chars"
+    """Shingle type: `chars` (character n-grams, the seed's) or `words` (word n-grams)."""
+    ngram: int = 5
+    """Shingle length in characters or words (the seed: 5 characters)."""
+    num_perm: int = 100
+    """Hash functions in a signature (the seed's 100 seeds); 4 bytes each per document."""
+    bands: int = 10
+    """LSH bands (the seed's 10); must divide num_perm."""
+    seed: int = 1234
+    """Seed of the hash functions (the seed's --seed default)."""
+
+    def __post_init__(self):
+        problems = []
+        if self.shingle not in SHINGLES:
+            problems.append(f"--shingle {self.shingle!r}: choose one of {', '.join(SHINGLES)}")
+        if self.ngram < 1:
+            problems.append(f"--ngram {self.ngram}: must be at least 1")
+        if self.num_perm < 1 or self.bands < 1 or self.num_perm % self.bands:
+            problems.append(f"--num-seeds {self.num_perm} and --num-bands {self.bands}: the bands must divide "
+                            "the permutations (e.g. 100 and 10)")
+        if problems:
+            raise UsageError("; ".join(problems))
+
+    @property
+    def rows(self) -> int:
+        """Signature rows per band."""
+        return self.num_perm // self.bands
+
+
+def normalize_text(text: str) -> str:
+    """NFC, lower-case, whitespace runs collapsed to one space, ends stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).lower().split())
+
+
+def exact_hash(text: str) -> int:
+    """A 64-bit hash of `normalize_text(text)` (exact dedup: equal hashes = same normalized text)."""
+    data = normalize_text(text).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, in place: spreads the polynomial hash over all 64 bits."""
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def _rolling(units: np.ndarray, n: int) -> np.ndarray:
+    """The polynomial hash of every window of `n` consecutive units (uint64, wrapping)."""
+    if len(units) < n:  # a text shorter than one shingle is one shingle
+        n = len(units)
+    count = len(units) - n + 1
+    h = np.zeros(count, dtype=np.uint64)
+    for k in range(n):  # n (5) vectorized passes, not one Python step per shingle
+        h *= _POLY
+        h += units[k:k + count]
+    return h
+
+
+def shingle_hashes(text: str, shingle: str = "chars", ngram: int = 5) -> np.ndarray:
+    """The sorted unique 64-bit hashes of the shingles of `normalize_text(text)` (may be empty)."""
+    norm = normalize_text(text)
+    if not norm:
+        return np.zeros(0, dtype=np.uint64)
+    if shingle == "chars":
+        units = np.frombuffer(norm.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).astype(np.uint64)
+    else:
+        units = np.fromiter((_word_hash(w) for w in norm.split(" ")), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        hashes = np.sort(_mix(_rolling(units, ngram)))
+    keep = np.empty(hashes.size, dtype=bool)  # sort + neighbour test: several times faster than np.unique
+    keep[0] = True
+    np.not_equal(hashes[1:], hashes[:-1], out=keep[1:])
+    return hashes[keep]
+
+
+class MinHasher:
+    """Signatures and band keys for one `MinHashParams` (same params + seed -> same functions)."""
+
+    def __init__(self, params: MinHashParams | None = None):
+        self.params = params = params or MinHashParams()
+        rng = np.random.default_rng(params.seed)
+        full = np.iinfo(np.uint64).max
+        self._a = (rng.integers(0, full, params.num_perm, dtype=np.uint64, endpoint=True) | np.uint64(1))[:, None]
+        self._b = rng.integers(0, full, params.num_perm, dtype=np.uint64, endpoint=True)[:, None]
+        # One odd multiplier per row of a band: the band key is sum_r sig[r] * c_r mod 2^64.
+        self._band_mult = rng.integers(0, full, params.rows, dtype=np.uint64, endpoint=True) | np.uint64(1)
+
+    def shingles(self, text: str) -> np.ndarray:
+        return shingle_hashes(text, self.params.shingle, self.params.ngram)
+
+    def signature(self, hashes: np.ndarray) -> np.ndarray:
+        """(num_perm,) uint32: the minimum of each hash function over the shingle hashes.
+
+        An empty document gets all-ones (uint32 max), like no other document with shingles.
+        """
+        if hashes.size == 0:
+            return np.full(self.params.num_perm, 0xFFFFFFFF, dtype=np.uint32)
+        sig = np.empty(self.params.num_perm, dtype=np.uint32)
+        step = max(1, (1 << 16) // hashes.size)  # permutations per block: ~64k values, cache-sized
+        with np.errstate(over="ignore"):
+            for lo in range(0, self.params.num_perm, step):
+                block = self._a[lo:lo + step] * hashes[None, :]  # (step, n_shingles)
+                block += self._b[lo:lo + step]
+                sig[lo:lo + step] = (block.min(axis=1) >> np.uint64(32)).astype(np.uint32)
+        return sig
+
+    def band_keys(self, signatures: np.ndarray, band: int) -> np.ndarray:
+        """(N,) uint64 keys of one band of (N, num_perm) signatures; equal keys = equal bands (up to 2^-64)."""
+        rows = signatures[:, band * self.params.rows:(band + 1) * self.params.rows].astype(np.uint64)
+        with np.errstate(over="ignore"):
+            return _mix((rows * self._band_mult).sum(axis=1, dtype=np.uint64))
+
+
+def jaccard(a: np.ndarray, b: np.ndarray, mode: str = "union") -> float:
+    """Exact Jaccard of two sorted unique shingle-hash arrays: |A&B| over |A|B| (union), or over
+    the smaller (min) or larger (max) set, as the seed's --jaccard. 0.0 if either is empty."""
+    if a.size == 0 or b.size == 0:
+        return 0.0
+    inter = np.intersect1d(a, b, assume_unique=True).size
+    if mode == "min":
+        return inter / min(a.size, b.size)
+    if mode == "max":
+        return inter / max(a.size, b.size)
+    return inter / (a.size + b.size - inter)
+
+
+def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
+    """The MinHash estimate of the Jaccard similarity: the fraction of equal signature rows."""
+    return float(np.mean(sig_a == sig_b))
