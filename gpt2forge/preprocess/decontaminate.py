@@ -1,0 +1,182 @@
+"""Decontamination: remove training text sharing a word n-gram (13 by default) with evaluation sets.
+
+Words are whitespace-separated, lower-cased, with punctuation stripped (as the GPT-3 paper and
+Megatron's filter_ngrams.py). Evaluation n-grams are kept as a sorted numpy array of 64-bit hashes
+(8 bytes per n-gram: WikiText-103 test, ~245k words, is ~2 MB), looked up with a binary search.
+Evaluation files: `.json`/`.jsonl` (one object per line, the text field, e.g. LAMBADA) or plain
+text (e.g. WikiText's wiki.test.raw, read as one word stream).
+
+`--mode drop` removes a document with any overlap. `--mode cut` removes each overlapping span plus
+`margin` characters on both sides and splits the document there (pieces under `min_piece_chars`
+are dropped; a document cut more than `max_splits` times is dropped whole), as filter_ngrams.py did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import string
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from gpt2forge.core.errors import UsageError
+from gpt2forge.preprocess.clean import EXAMPLE_CHARS, EXAMPLES_PER_RULE, map_texts
+from gpt2forge.preprocess.jsonl import atomic_jsonl, read_documents
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation + "“”‘’«»—–…")
+_WORD = re.compile(r"\S+")
+_BASE = np.uint64(1_000_003)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecontaminateConfig:
+    ngram: int = 13
+    """Words per n-gram."""
+    mode: str = "drop"
+    """"drop" the document, or "cut" the overlapping spans out of it."""
+    margin: int = 200
+    """Characters removed on each side of an overlapping span (cut mode)."""
+    min_piece_chars: int = 200
+    """Pieces shorter than this are dropped (cut mode)."""
+    max_splits: int = 10
+    """A document cut more than this many times is dropped whole (cut mode)."""
+
+    def __post_init__(self):
+        if self.ngram < 1:
+            raise UsageError(f"--ngram {self.ngram}: must be >= 1")
+        if self.mode not in ("drop", "cut"):
+            raise UsageError(f"--mode {self.mode}: choose drop or cut")
+
+
+def words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """(normalized words, their (start, end) character spans in `text`); punctuation-only words skipped."""
+    out, spans = [], []
+    for m in _WORD.finditer(text):
+        w = m.group().lower().translate(_PUNCTUATION)
+        if w:
+            out.append(w)
+            spans.append(m.span())
+    return out, spans
+
+
+def _word_hash(word: str) -> int:
+    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def ngram_hashes(ws: list[str], n: int) -> np.ndarray:
+    """uint64 hash of each n-gram of `ws` (len(ws) - n + 1 of them; none when shorter), a polynomial
+    rolling combination of per-word blake2b hashes (wrapping uint64 arithmetic)."""
+    if len(ws) < n:
+        return np.empty(0, dtype=np.uint64)
+    wh = np.fromiter((_word_hash(w) for w in ws), dtype=np.uint64, count=len(ws))
+    m = len(ws) - n + 1
+    h = np.zeros(m, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            h = h * _BASE + wh[k:k + m]
+    return h
+
+
+def _eval_texts(path: Path, text_key: str):
+    if path.suffix in (".json", ".jsonl"):
+        yield from (doc.text for doc in read_documents(path, text_key=text_key))
+        return
+    try:
+        yield path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read ({exc.strerror}); check the --eval path") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); convert it to UTF-8") from None
+
+
+def eval_ngrams(paths: list[str | Path], n: int, text_key: str = "text") -> np.ndarray:
+    """Sorted unique uint64 hashes of every n-gram in the evaluation files."""
+    parts = [ngram_hashes(words(text)[0], n) for p in paths for text in _eval_texts(Path(p), text_key)]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
+
+
+def overlaps(ws: list[str], table: np.ndarray, n: int) -> np.ndarray:
+    """Start indices (into `ws`) of the n-grams found in `table`."""
+    h = ngram_hashes(ws, n)
+    if not len(h) or not len(table):
+        return np.empty(0, dtype=np.int64)
+    idx = np.minimum(np.searchsorted(table, h), len(table) - 1)
+    return np.nonzero(table[idx] == h)[0]
+
+
+def cut(text: str, table: np.ndarray, cfg: DecontaminateConfig) -> tuple[list[str], int]:
+    """(the pieces of `text` to keep, number of overlapping n-grams). No overlap: ([text], 0)."""
+    ws, spans = words(text)
+    hits = overlaps(ws, table, cfg.ngram)
+    if not len(hits):
+        return [text], 0
+    if cfg.mode == "drop":
+        return [], len(hits)
+    removed = []  # merged character spans to remove
+    for i in hits:
+        start = max(0, spans[i][0] - cfg.margin)
+        end = min(len(text), spans[i + cfg.ngram - 1][1] + cfg.margin)
+        if removed and start <= removed[-1][1]:
+            removed[-1][1] = max(removed[-1][1], end)
+        else:
+            removed.append([start, end])
+    if len(removed) > cfg.max_splits:
+        return [], len(hits)
+    bounds = [0] + [b for span in removed for b in span] + [len(text)]
+    pieces = [text[a:b].strip() for a, b in zip(bounds[::2], bounds[1::2])]
+    return [p for p in pieces if len(p) >= cfg.min_piece_chars], len(hits)
+
+
+@dataclasses.dataclass
+class DecontaminateSummary:
+    docs_in: int = 0
+    docs_out: int = 0
+    docs_contaminated: int = 0
+    pieces_out: int = 0
+    chars_in: int = 0
+    chars_out: int = 0
+    ngrams_matched: int = 0
+    bad_lines: int = 0
+    examples: list = dataclasses.field(default_factory=list)
+
+    def line(self, name: str) -> str:
+        return (f"{name}: {self.docs_contaminated} of {self.docs_in} documents overlapped the evaluation sets "
+                f"({self.ngrams_matched} n-grams); wrote {self.pieces_out} documents ({self.chars_out} of "
+                f"{self.chars_in} characters); bad lines skipped: {self.bad_lines}")
+
+
+_STATE: tuple[np.ndarray, DecontaminateConfig] | None = None
+
+
+def _cut(text: str) -> tuple[list[str], int]:
+    return cut(text, *_STATE)
+
+
+def decontaminate_file(input_path: str | Path, output_path: str | Path, eval_paths: list[str],
+                       cfg: DecontaminateConfig, *, workers: int = 1, text_key: str = "text",
+                       eval_text_key: str = "text", skip_bad_lines: bool = False) -> DecontaminateSummary:
+    """Write `input_path` minus its overlaps with `eval_paths` to `output_path` (atomically). In cut
+    mode a piece is written as the document's record with its text replaced and `"piece": k` added."""
+    global _STATE
+    _STATE = (eval_ngrams(eval_paths, cfg.ngram, eval_text_key), cfg)
+    summary, bad = DecontaminateSummary(), Counter()
+    docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=bad)
+    with atomic_jsonl(output_path) as out:
+        for doc, (pieces, matched) in map_texts(_cut, docs, workers):
+            summary.docs_in += 1
+            summary.chars_in += len(doc.text)
+            if matched:
+                summary.docs_contaminated += 1
+                summary.ngrams_matched += matched
+                if len(summary.examples) < EXAMPLES_PER_RULE:
+                    summary.examples.append(doc.text[:EXAMPLE_CHARS])
+            summary.docs_out += bool(pieces)
+            for k, piece in enumerate(pieces):
+                out.write(doc.record | {text_key: piece} | ({"piece": k} if matched else {}))
+                summary.pieces_out += 1
+                summary.chars_out += len(piece)
+    summary.bad_lines = bad["bad_lines"]
+    return summary

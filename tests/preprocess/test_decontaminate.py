@@ -1,0 +1,79 @@
+"""Decontamination: planted evaluation passages are removed (drop) or cut out (cut); others kept."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpt2forge.preprocess.decontaminate import DecontaminateConfig, cut, decontaminate_file, eval_ngrams, words
+
+ROOT = Path(__file__).resolve().parents[2]
+LAMBADA = Path("/work/shared/data/lambada/lambada_test.jsonl")
+FILLER = " ".join(f"The farmer counted {i} sheep in the northern field before the rain arrived." for i in range(40))
+UNRELATED = "A completely different story about ships, harbours and the long voyage home. " * 20
+
+
+def write(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_words_lowercase_and_strip_punctuation():
+    assert words("Hello, World! -- it's")[0] == ["hello", "world", "its"]
+
+
+def passage(tmp_path) -> tuple[Path, str]:
+    """An evaluation file and one of its passages: the real LAMBADA test set when present."""
+    if LAMBADA.is_file():
+        with LAMBADA.open(encoding="utf-8") as f:
+            return LAMBADA, json.loads(f.readline())["text"]
+    text = " ".join(f"evaluation sentence number {i} about a lighthouse keeper and his dog." for i in range(10))
+    return write(tmp_path / "eval.jsonl", [{"text": text}]), text
+
+
+def test_planted_lambada_passage_is_dropped_and_unrelated_kept(tmp_path):
+    eval_file, text = passage(tmp_path)
+    planted = FILLER + " " + text.replace("\n", " ").upper() + " " + FILLER  # case and spacing differ
+    src = write(tmp_path / "train.json", [{"text": planted, "url": "p"}, {"text": UNRELATED, "url": "u"}])
+    summary = decontaminate_file(src, tmp_path / "out.json", [str(eval_file)], DecontaminateConfig(), workers=0)
+    out = [json.loads(ln)["url"] for ln in (tmp_path / "out.json").read_text().splitlines()]
+    assert out == ["u"] and summary.docs_contaminated == 1
+
+
+def test_cut_mode_removes_the_span_and_keeps_both_sides(tmp_path):
+    evaluation = " ".join(f"secret benchmark words {i} nobody should train upon ever" for i in range(3))
+    table = eval_ngrams([write(tmp_path / "e.jsonl", [{"text": evaluation}])], 13)
+    doc = FILLER + " " + evaluation + " " + UNRELATED
+    pieces, matched = cut(doc, table, DecontaminateConfig(mode="cut", margin=10))
+    assert matched > 0 and len(pieces) == 2
+    assert "secret" not in " ".join(pieces)
+    assert pieces[0].startswith("The farmer") and pieces[1].endswith("voyage home.")
+    assert cut(UNRELATED, table, DecontaminateConfig(mode="cut")) == ([UNRELATED], 0)
+
+
+def test_plain_text_eval_file_and_ngram_flag(tmp_path):
+    (tmp_path / "wiki.test.raw").write_text(" = Title = \n\n The quick brown fox jumps over the lazy dog . \n")
+    table = eval_ngrams([tmp_path / "wiki.test.raw"], 5)
+    assert cut("I saw the quick brown fox jumps over it", table, DecontaminateConfig(ngram=5)) == ([], 2)
+
+
+def test_command_cut_mode_and_bad_input(tmp_path):
+    eval_file = write(tmp_path / "e.jsonl", [{"text": FILLER}])
+    src = write(tmp_path / "train.json", [{"text": UNRELATED + FILLER + UNRELATED}])
+    cmd = [sys.executable, str(ROOT / "data" / "filter_ngrams.py"), "--input", str(src), "--output",
+           str(tmp_path / "out.json"), "--eval", str(eval_file), "--mode", "cut"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = [json.loads(ln) for ln in (tmp_path / "out.json").read_text().splitlines()]
+    assert [o["piece"] for o in out] == [0, 1] and "farmer" not in out[0]["text"] + out[1]["text"]
+    src.write_text('{"text": 3}\n')
+    proc = subprocess.run(cmd + ["--overwrite"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "train.json:1:" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(not LAMBADA.is_file(), reason="LAMBADA test set not in /work/shared/data")
+def test_real_lambada_table_is_compact():
+    table = eval_ngrams([LAMBADA], 13)
+    assert table.dtype.itemsize == 8 and 100_000 < len(table) < 1_000_000
