@@ -1,6 +1,17 @@
-"""Preprocessing: the logic behind the `data/` tools (corpus text -> pickle, TFRecord, Megatron mmap).
+"""Preprocessing: the logic behind the `data/` tools (raw web text -> clean corpus -> pickle, TFRecord,
+Megatron mmap).
 
-- `engine`: parallel, bounded-memory, order-preserving tokenization (every tool uses it).
+- `engine`: parallel, bounded-memory, order-preserving tokenization, and `ordered_map`, the worker
+  pool every tool shares.
+- `jsonl`: streaming loose-JSON reading with per-line errors (file:line), atomic writers.
+- `clean`: ftfy, language, minimum length and Gopher-style quality rules (data/cleanup_dataset.py).
+- `langid`: language ID with the pinned lid.176.ftz (sha256-checked, never downloaded).
+- `minhash`: shingles, MinHash signatures, LSH band keys, exact Jaccard.
+- `dedup`: exact and near-duplicate removal over streamed fingerprints (.npz, never pickle).
+- `openwebtext_dedup`: the seed's find_duplicates / group_duplicate_url / remove_group_duplicates.
+- `decontaminate`: removing n-gram overlaps with evaluation sets (data/filter_ngrams.py).
+- `urls`: the URL blacklist rules (data/blacklist_urls.py).
+- `prepare`: the whole corpus path in one resumable command with a manifest (data/prepare_corpus.py).
 - `megatron`: loose JSON -> `<prefix>_text_document.{bin,idx}` and merging (gpt2forge.data.indexed).
 - `wikipedia`: WikiExtractor output -> `.pkl`; OpenWebText tarballs -> loose JSON.
 - `tfrecords`: pickle or mmap -> TFRecord shards + `.index` files.

@@ -7,15 +7,15 @@ GPT-2 token spans under 8 characters on real text, as the seed's cleanup_dataset
 `lang` (lid.176, gpt2forge.preprocess.langid).
 
 `clean_file` streams one file through the cleaner on `workers` processes: the parent reads and
-writes, workers clean chunks of texts, at most `2 * workers + 2` chunks are in flight (memory is a
-few chunks of text, whatever the corpus size) and the output keeps the input order.
+writes, workers clean chunks of texts (engine.ordered_map, the pool every tool shares), at most
+`2 * workers + 2` chunks are in flight (memory is a few chunks of text, whatever the corpus size)
+and the output keeps the input order.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing as mp
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,7 +24,7 @@ import ftfy
 from tqdm import tqdm
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.preprocess.engine import TokenizerSpec
+from gpt2forge.preprocess.engine import TokenizerSpec, ordered_map
 from gpt2forge.preprocess.jsonl import atomic_json, atomic_jsonl, read_documents
 from gpt2forge.preprocess.langid import LanguageIdentifier
 from gpt2forge.text.tokenizer import worker_environment
@@ -171,7 +171,8 @@ def _clean(text: str) -> tuple[str | None, str]:
     return _CLEANER.clean(text)
 
 
-def _apply(fn, texts: list[str]) -> list:
+def _apply(task: tuple) -> list:
+    fn, texts = task
     return [fn(t) for t in texts]
 
 
@@ -188,22 +189,20 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
 
 def map_texts(fn, docs: Iterable, workers: int) -> Iterator[tuple[object, object]]:
     """(document, fn(document.text)) for each of `docs`, in order, on `workers` forked processes
-    (0: in this one). `fn` is a module-level function; state it needs is set in module globals
-    before the call, so forked workers inherit it. At most 2 * workers + 2 chunks are in flight."""
-    if workers <= 0:
-        yield from ((doc, fn(doc.text)) for doc in docs)
-        return
-    worker_environment()
-    with mp.get_context("fork").Pool(workers) as pool:
-        pending: deque = deque()
+    (0: in this one), in chunks of CHUNK_DOCS through engine.ordered_map (at most 2 * workers + 2
+    chunks in flight). `fn` is a module-level function; state it needs is set in module globals
+    before the call, so forked workers inherit it."""
+    if workers > 0:
+        worker_environment()
+    sent: deque = deque()  # the documents of each chunk handed out, until its results come back
+
+    def tasks():
         for chunk in _chunks(docs, CHUNK_DOCS):
-            pending.append((chunk, pool.apply_async(_apply, (fn, [d.text for d in chunk]))))
-            while len(pending) > 2 * workers + 2 or (pending and pending[0][1].ready()):
-                done, result = pending.popleft()
-                yield from zip(done, result.get())
-        while pending:
-            done, result = pending.popleft()
-            yield from zip(done, result.get())
+            sent.append(chunk)
+            yield fn, [d.text for d in chunk]
+
+    for results in ordered_map(_apply, tasks(), workers):
+        yield from zip(sent.popleft(), results)
 
 
 def clean_documents(docs: Iterable, cfg: CleanConfig, workers: int) -> Iterator[tuple[object, str | None, str]]:

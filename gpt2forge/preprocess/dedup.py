@@ -25,8 +25,7 @@ import array
 import dataclasses
 import io
 import json
-import multiprocessing as mp
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from tqdm import tqdm
 
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.errors import UsageError
+from gpt2forge.preprocess.engine import ordered_map
 from gpt2forge.preprocess.jsonl import atomic_jsonl, read_documents
 from gpt2forge.preprocess.minhash import MinHasher, MinHashParams, exact_hash, jaccard
 
@@ -103,22 +103,6 @@ def _chunks(docs: Iterator, chunk_docs: int = 256, chunk_chars: int = 1 << 20) -
         yield buf
 
 
-def _ordered_map(fn, tasks: Iterator, workers: int, params: MinHashParams) -> Iterator:
-    """fn over tasks on `workers` processes (0: here), results in task order, bounded read-ahead."""
-    if workers <= 0:
-        _init(params)
-        yield from map(fn, tasks)
-        return
-    with mp.get_context("fork").Pool(workers, initializer=_init, initargs=(params,)) as pool:
-        pending: deque = deque()  # not pool.imap: its feeder thread would read the whole input ahead
-        for task in tasks:
-            pending.append(pool.apply_async(fn, (task,)))
-            while len(pending) > 2 * workers + 2 or (pending and pending[0].ready()):
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-
-
 def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParams | None = None, *,
                       text_key: str = "text", workers: int = 1, skip_bad_lines: bool = False,
                       bad: Counter | None = None, progress: bool = True) -> Fingerprints:
@@ -149,7 +133,7 @@ def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParam
 
     tasks = ([d.text for d in chunk] for chunk in _chunks(documents()))
     with tqdm(desc="fingerprinting", unit="doc", disable=not progress) as bar:  # closed before an error prints
-        for chunk_sigs, chunk_exact in _ordered_map(_fingerprint_chunk, tasks, workers, params):
+        for chunk_sigs, chunk_exact in ordered_map(_fingerprint_chunk, tasks, workers, _init, (params,)):
             sigs.append(chunk_sigs)
             exact.append(chunk_exact)
             bar.update(len(chunk_exact))
@@ -278,7 +262,7 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
             bounds = np.append(starts, len(batch))
             tasks = ((texts[m], [(j, texts[j]) for j in batch[a:b, 1].tolist()], mode)
                      for m, a, b in zip(mains.tolist(), bounds[:-1], bounds[1:]))
-            for m, result in zip(mains.tolist(), _ordered_map(_verify_group, tasks, workers, fp.params)):
+            for m, result in zip(mains.tolist(), ordered_map(_verify_group, tasks, workers, _init, (fp.params,))):
                 kept.extend((m, j, sim) for j, sim in result if sim > threshold)
                 bar.update(len(result))
     return kept

@@ -6,6 +6,7 @@ once, in its initializer, and runs on one core) parse and tokenize a whole chunk
 tokenizer's batch encoder and return one flat token array plus per-document sizes. At most
 `2 * workers + 2` chunks are in flight, so memory stays bounded whatever the input size, and
 results come back in input order, so the output does not depend on the number of workers.
+`ordered_map` is that pool, shared with the cleaning and decontamination tools (clean.map_texts).
 """
 
 from __future__ import annotations
@@ -157,13 +158,29 @@ def encode_chunks(chunks: Iterable[Chunk], spec: TokenizerSpec, *, workers: int,
         if append_eod and _TOKENIZER.eot_id is None:
             raise UsageError(f"tokenizer {_TOKENIZER.name} has no end-of-document token; drop "
                              f"--append-eod or train one with <|endoftext|>")
-        yield from map(_encode, chunks)
+        yield from ordered_map(_encode, chunks, 0)
         return
-    with mp.get_context("fork").Pool(workers, initializer=_init, initargs=(spec, job)) as pool:
+    yield from ordered_map(_encode, chunks, workers, _init, (spec, job))
+
+
+def ordered_map(fn, tasks: Iterable, workers: int, initializer=None, initargs: tuple = ()) -> Iterator:
+    """`fn(task)` for each of `tasks`, yielded in task order, on `workers` forked processes.
+
+    `workers` <= 0 runs in this process (after `initializer(*initargs)`, when given). `fn` is a
+    module-level function; a worker runs `initializer(*initargs)` once when it starts. At most
+    `2 * workers + 2` tasks are in flight, so `tasks` is read only as far ahead as the workers keep
+    up (not `pool.imap`, whose feeder thread would read the whole input ahead): memory stays bounded
+    whatever the input size, and the results do not depend on `workers`.
+    """
+    if workers <= 0:
+        if initializer is not None:
+            initializer(*initargs)
+        yield from map(fn, tasks)
+        return
+    with mp.get_context("fork").Pool(workers, initializer=initializer, initargs=initargs) as pool:
         pending: deque = deque()
-        for chunk in chunks:
-            pending.append(pool.apply_async(_encode, (chunk,)))
-            # Bounded window: read ahead only as far as the workers can keep up.
+        for task in tasks:
+            pending.append(pool.apply_async(fn, (task,)))
             while len(pending) > 2 * workers + 2 or (pending and pending[0].ready()):
                 yield pending.popleft().get()
         while pending:

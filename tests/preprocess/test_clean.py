@@ -139,3 +139,19 @@ def test_seed_fix_and_blacklist_commands(tmp_path):
     proc = subprocess.run(bl, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and (tmp_path / "ok.txt").read_text() == "https://example.com/story\n"
     assert "domain 1, duplicate 1, extension 1" in proc.stdout
+
+
+@pytest.mark.parametrize("url, rule", [
+    ("a.b/c", "too_short"), ("ftp://example.com/file", "not_http"),
+    ("https://www.youtube.com/watch?v=1", "domain"),
+    ("https://example.org/Cat.JPG", "extension"), ("https://example.org/story.html", ""),
+])
+def test_url_rules(url, rule):
+    from gpt2forge.preprocess.urls import rule as url_rule
+    assert url_rule(url) == rule
+
+
+def test_map_texts_same_order_and_results_for_any_workers():
+    docs = [type("Doc", (), {"text": f"document {i}"})() for i in range(600)]  # more than two chunks
+    one = [(d.text, r) for d, r in clean_mod.map_texts(len, docs, 0)]
+    assert one == [(d.text, r) for d, r in clean_mod.map_texts(len, docs, 2)] == [(d.text, len(d.text)) for d in docs]
