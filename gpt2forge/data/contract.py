@@ -3,7 +3,10 @@
 Every reader is a function ``load(req: DataRequest) -> DatasetSplit``. Every dataset item is a 1-D
 ``torch.int64`` tensor of exactly ``max_len + 1`` token ids, padded at the end with ``IGNORE_INDEX``;
 so ``collate`` is a plain stack and ``split_batch`` turns a batch into ``(input_ids, labels)`` of
-``(B, max_len)`` each. The training loop never branches on the format.
+``(B, max_len)`` each. The training loop never branches on the format. An item may instead be a
+``(2, max_len + 1)`` tensor: row 0 the token ids, row 1 a loss mask (1: the token is a scored
+target, 0: it is not, e.g. a prompt token under ``--loss-on completion``); ``split_batch`` turns the
+unscored targets into ``IGNORE_INDEX``. A batch holds one kind of item.
 
 How the trainer reads an epoch (``train.trainer.epoch_updates``) -- a reader may refine it with a hook:
 
@@ -65,11 +68,30 @@ class DataRequest:
     """``--verify``: full integrity check on open (tfrecord: every record's CRCs, payload and ids)."""
     windows: str = "document"
     """``--windows``: how pickle training windows are drawn (``document``, ``packed``, ``random``)."""
+    train_samples: int | None = None
+    """Training samples the run will consume (host steps x samples per step), known before the data is
+    read when the run length is given in steps or samples; mmap asks for exactly these, as Megatron-LM
+    asks for ``train_iters x global_batch`` (None: whole epochs, ``epochs``)."""
+    train_paths: tuple[str, ...] = ()
+    """``--train-data-path``: training prefixes, optionally weighted (``W1 P1 W2 P2``); mmap only."""
+    valid_paths: tuple[str, ...] = ()
+    """``--valid-data-path``: validation prefixes, optionally weighted; mmap only."""
+    test_paths: tuple[str, ...] = ()
+    """``--test-data-path``: test prefixes, optionally weighted; mmap only."""
+    tokenizer: str | None = None
+    """``--tokenizer-name-or-path``: the raw-text readers tokenize with it (None: GPT-2's BPE)."""
+    json_key: str = "text"
+    """``--json-key``: the text field of a JSONL record."""
+    cache_dir: str | None = None
+    """``--data-cache-dir``: where raw-text readers keep their tokenized cache (None: beside the inputs)."""
+    loss_on: str = "all"
+    """``--loss-on``: ``all`` tokens, or only ``completion`` tokens (items then carry a loss mask)."""
 
     def __post_init__(self) -> None:
         # A bare string would otherwise be iterated character by character (a reference QUIRK).
-        files = (self.input_files,) if isinstance(self.input_files, str) else tuple(self.input_files)
-        object.__setattr__(self, "input_files", files)
+        for name in ("input_files", "train_paths", "valid_paths", "test_paths"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         errors = []
         if self.max_len < 1:
             errors.append(f"--max-len {self.max_len} must be >= 1")
@@ -93,6 +115,8 @@ class DatasetSplit:
 
     train: torch.utils.data.Dataset
     val: torch.utils.data.Dataset | None
+    test: torch.utils.data.Dataset | None = None
+    """Evaluated once after training and logged (mmap's test split or ``--test-data-path``)."""
 
 
 Reader = Callable[[DataRequest], DatasetSplit]
@@ -142,16 +166,17 @@ class ShardedStream(torch.utils.data.IterableDataset):
 
 
 def collate(samples: list[torch.Tensor]) -> torch.Tensor:
-    """Stack dataset items (1-D int64, all ``max_len + 1`` long) into a ``(B, max_len + 1)`` batch."""
-    lengths = {int(s.shape[0]) for s in samples if s.dim() == 1}
-    if len(lengths) != 1 or any(s.dim() != 1 for s in samples):
-        shapes = sorted({tuple(s.shape) for s in samples})
-        raise ValueError(f"collate needs 1-D items of one length (max_len + 1), got shapes {shapes}")
-    return torch.stack(samples).to(torch.int64)  # (B, L)
+    """Stack dataset items (all ``(max_len + 1,)`` or all ``(2, max_len + 1)``, module doc) into a
+    ``(B, max_len + 1)`` or ``(B, 2, max_len + 1)`` batch."""
+    shapes = sorted({tuple(s.shape) for s in samples})
+    if len(shapes) != 1 or not (len(shapes[0]) == 1 or (len(shapes[0]) == 2 and shapes[0][0] == 2)):
+        raise ValueError(f"collate needs items of one shape, (max_len + 1,) or (2, max_len + 1), got {shapes}")
+    return torch.stack(samples).to(torch.int64)  # (B, L) or (B, 2, L)
 
 
 def split_batch(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shift a ``(B, max_len + 1)`` batch into model inputs and next-token labels.
+    """Shift a ``(B, max_len + 1)`` batch into model inputs and next-token labels (a ``(B, 2,
+    max_len + 1)`` batch of tokens and loss masks: unscored targets become ``IGNORE_INDEX``).
 
     Returns:
         input_ids: ``batch[:, :-1]`` with ``IGNORE_INDEX`` padding replaced by 0 (a valid embedding row),
@@ -159,7 +184,12 @@ def split_batch(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         labels: ``batch[:, 1:]``, padding left as ``IGNORE_INDEX`` so the loss skips it,
             shape ``(B, max_len)``.
     """
+    mask = None
+    if batch.dim() == 3:  # (B, 2, L): tokens and loss mask
+        batch, mask = batch[:, 0], batch[:, 1]
     inputs = batch[:, :-1]  # (B, T)
     input_ids = torch.where(inputs == IGNORE_INDEX, torch.zeros_like(inputs), inputs)
     labels = batch[:, 1:].contiguous()  # (B, T)
+    if mask is not None:
+        labels = torch.where(mask[:, 1:] != 0, labels, torch.full_like(labels, IGNORE_INDEX))
     return input_ids, labels

@@ -36,23 +36,61 @@ class ModelArgs:
     """Path of a Hugging Face GPT-2 config.json; None: use `model`."""
     max_len: int = opt(128, "sequence length in tokens; sets n_positions of a fresh model")
     """Sequence length in tokens of every training sample."""
+    hidden_dropout: float | None = opt(None, "(new) override the model's residual and embedding dropout "
+                                       "(Megatron's --hidden-dropout; fine-tuning often uses 0.0 or 0.1)")
+    """Residual/embedding dropout probability; None: the model config's."""
+    attention_dropout: float | None = opt(None, "(new) override the model's attention dropout (Megatron's "
+                                          "--attention-dropout)")
+    """Attention-probability dropout; None: the model config's."""
 
     def __post_init__(self) -> None:
-        collect(positive(self, "max_len"))
+        problems = positive(self, "max_len")
+        problems += [f"--{flag(name)} must be in [0, 1) (got {value})"
+                     for name in ("hidden_dropout", "attention_dropout")
+                     if (value := getattr(self, name)) is not None and not 0 <= value < 1]
+        collect(problems)
 
 
 @dataclasses.dataclass
 class DataArgs:
     """Data: source, files, tokenizer, splits, loading and the seed."""
 
-    dataset: str | None = opt(None, "data source: generated | pickle | tfrecord | mmap (old: --train-path "
-                              "generated|<file.pkl>|tfrecord|dynamic)",
-                              choices=("generated", "pickle", "tfrecord", "mmap"))
+    dataset: str | None = opt(None, "data source: generated | pickle | tfrecord | mmap | jsonl | text (old: "
+                              "--train-path generated|<file.pkl>|tfrecord|dynamic)",
+                              choices=("generated", "pickle", "tfrecord", "mmap", "jsonl", "text"))
     """Reader name; None only with --compile-only or --plan."""
     input_files: list[str] | None = opt(None, "data files: the .pkl for pickle, 'DIR/*.tfrecord' (with their "
-                                        ".index files) for tfrecord, PREFIX of PREFIX.bin/.idx for mmap",
-                                        "--data-prefix", "--tfrecord-path", kind="list_str")
-    """Paths, glob patterns or prefixes the reader opens."""
+                                        ".index files) for tfrecord, PREFIX of PREFIX.bin/.idx for mmap, or a "
+                                        "weighted blend 'W1 PREFIX1 W2 PREFIX2 ...' (Megatron's --data-path); "
+                                        "files or globs for jsonl and text",
+                                        "--data-prefix", "--tfrecord-path", "--data-path", kind="list_str")
+    """Paths, glob patterns or prefixes the reader opens (mmap: optionally weighted, Megatron's syntax)."""
+    train_data_path: list[str] | None = opt(None, "(new) mmap: training data alone ('[W1] PREFIX1 ...'), with "
+                                            "--valid-data-path and --test-data-path instead of --split (Megatron's)",
+                                            kind="list_str")
+    """Training prefixes (optionally weighted); None: from input_files and split."""
+    valid_data_path: list[str] | None = opt(None, "(new) mmap: validation data ('[W1] PREFIX1 ...')", kind="list_str")
+    """Validation prefixes (optionally weighted)."""
+    test_data_path: list[str] | None = opt(None, "(new) mmap: test data ('[W1] PREFIX1 ...'), evaluated at the end "
+                                           "of training", kind="list_str")
+    """Test prefixes (optionally weighted); evaluated once after training."""
+    json_key: str = opt("text", "(new) jsonl: the key holding each document's text (Megatron's --json-keys)")
+    """JSON key of the document text for --dataset jsonl."""
+    data_cache_dir: str | None = opt(None, "(new) jsonl and text: where the tokenized .bin/.idx cache and its "
+                                     "manifest are written (default: a .gpt2forge_cache folder beside the first "
+                                     "input file)")
+    """Cache folder of tokenized raw text; None: beside the inputs."""
+    loss_on: str = opt("all", "(new) which tokens carry loss: all | completion (prompt/completion JSONL: prompt "
+                       "tokens are masked)", choices=("all", "completion"))
+    """Loss on every token, or only on completion tokens of prompt/completion records."""
+    reset_position_ids: bool = opt(False, "(new) positions restart at 0 after each end-of-document token "
+                                   "(Megatron's)", kind="bool")
+    """Restart position ids after every EOD token."""
+    reset_attention_mask: bool = opt(False, "(new) a token attends only within its own document of a packed "
+                                     "sample (block-causal mask; Megatron's)", kind="bool")
+    """Block-diagonal causal attention over the documents of a sample."""
+    eod_mask_loss: bool = opt(False, "(new) no loss on end-of-document targets (Megatron's)", kind="bool")
+    """Mask the loss of targets that are the EOD token."""
     tokenizer_name_or_path: str | None = opt(None, "(new) local tokenizer folder the data was made with "
                                              "(data/train_tokenizer.py output: tokenizer.json, or vocab.json + "
                                              "merges.txt); a fresh model takes its vocab_size and checkpoints "
@@ -84,8 +122,16 @@ class DataArgs:
         problems = positive(self, "stride")
         problems += [f"--{flag(name)} must be >= 0" for name in ("val_num", "num_workers")
                      if getattr(self, name) < 0]
-        if self.dataset in ("pickle", "tfrecord", "mmap") and not self.input_files:
+        split_paths = self.train_data_path or self.valid_data_path or self.test_data_path
+        if self.dataset in ("pickle", "tfrecord", "jsonl", "text") and not self.input_files:
             problems.append(f"--dataset {self.dataset} needs --input-files PATH")
+        if self.dataset == "mmap" and not (self.input_files or self.train_data_path):
+            problems.append("--dataset mmap needs --input-files PREFIX (or W1 PREFIX1 W2 PREFIX2 ...) or "
+                            "--train-data-path")
+        if split_paths and self.dataset != "mmap":
+            problems.append("--train-data-path/--valid-data-path/--test-data-path need --dataset mmap")
+        if self.loss_on == "completion" and self.dataset not in ("jsonl", None):
+            problems.append("--loss-on completion needs --dataset jsonl with prompt/completion records")
         collect(problems)
 
 
@@ -122,15 +168,31 @@ class OptimizerArgs:
     """Schedule length in optimizer updates; None: the whole run."""
     max_grad_norm: float | None = opt(None, "(new) clip the global gradient norm to this value")
     """Global gradient-norm clip; None: no clipping."""
+    min_lr: float = opt(0.0, "(new) linear and cosine decay end at this learning rate (Megatron's and nanoGPT's "
+                        "--min-lr)")
+    """Floor of the decayed learning rate."""
+    train_samples: int | None = opt(None, "(new) train on this many samples (Megatron's --train-samples; the "
+                                    "host steps are it / samples per step, rounded up); overrides --epochs")
+    """Samples to train on; None: from training_steps or epochs."""
+    lr_decay_samples: int | None = opt(None, "(new) schedule length in samples (Megatron's; overrides "
+                                       "--lr-decay-steps)")
+    """Schedule length in samples; None: lr_decay_steps."""
+    lr_warmup_samples: int | None = opt(None, "(new) warm-up in samples (Megatron's; overrides --lr-warmup-steps)")
+    """Warm-up length in samples; None: lr_warmup_steps or lr_warmup."""
     max_nonfinite_updates: int = opt(10, "(new) updates with non-finite gradients are skipped; stop the run after "
                                      "this many in a row")
     """Consecutive skipped (non-finite) updates that stop the run."""
 
     def __post_init__(self) -> None:
-        problems = positive(self, "training_steps", "lr_decay_steps", optional=True)
+        problems = positive(self, "training_steps", "lr_decay_steps", "train_samples", "lr_decay_samples",
+                            optional=True)
+        if self.lr_warmup_samples is not None and self.lr_warmup_samples < 0:
+            problems.append("--lr-warmup-samples must be >= 0")
+        if self.min_lr < 0 or self.min_lr > self.learning_rate:
+            problems.append(f"--min-lr {self.min_lr} must be in [0, --learning-rate {self.learning_rate}]")
         if self.epochs < 0:
             problems.append("--epochs must be >= 0")
-        if self.epochs == 0 and self.training_steps is None:
+        if self.epochs == 0 and self.training_steps is None and self.train_samples is None:
             problems.append("--epochs 0 trains nothing; give --epochs >= 1 or --training-steps")
         if self.learning_rate < 0 or self.weight_decay < 0:
             problems.append("--learning-rate and --weight-decay must be >= 0")
@@ -199,6 +261,11 @@ class CheckpointArgs:
     auto_resume: bool = opt(False, "(new) continue from the latest checkpoint in --checkpoint-output-dir when "
                             "there is one, else start as asked (for requeued or restarted jobs)", kind="bool")
     """Resume from the newest checkpoint of checkpoint_output_dir when there is one."""
+    exit_signal_handler: bool = opt(True, "(new) on SIGTERM or SIGUSR1 (Slurm preemption) finish the current "
+                                    "update, save a checkpoint (with --checkpoint-output-dir) and exit 0, so a "
+                                    "requeued job continues with --auto-resume (Megatron's --exit-signal-handler)",
+                                    kind="bool")
+    """Save and exit cleanly on SIGTERM/SIGUSR1."""
     keep_checkpoints: int | None = opt(None, "(new) keep only the N newest checkpoints in --checkpoint-output-dir "
                                        "(older step_N/ and epoch_N/ are deleted after each save)")
     """Checkpoints kept; None: all."""

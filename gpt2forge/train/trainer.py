@@ -105,6 +105,28 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         raise UsageError(str(exc).rstrip().splitlines()[-1].split("UsageError: ", 1)[-1]) from None
 
 
+def steps_from_length(cfg: TrainConfig, samples_per_step: int) -> int | None:
+    """Host steps of the run when its length is given in steps or samples (--training-steps, else
+    --train-samples rounded up to whole steps); None when it is given in epochs."""
+    if cfg.optim.training_steps is not None:
+        return cfg.optim.training_steps
+    if cfg.optim.train_samples is not None:
+        return -(-cfg.optim.train_samples // samples_per_step)
+    return None
+
+
+def data_request(cfg: TrainConfig, vocab_size: int, samples_per_step: int, steps: int | None) -> DataRequest:
+    """What the reader is asked for; `steps`: the run's host steps when known before reading the data."""
+    data = cfg.data
+    return DataRequest(data.dataset, tuple(data.input_files or ()), cfg.arch.max_len, vocab_size, data.seed,
+                       data.stride, data.val_num, samples_per_step, split=data.split, epochs=cfg.optim.epochs,
+                       training_steps=steps, verify=data.verify, windows=data.windows,
+                       train_samples=None if steps is None else steps * samples_per_step,
+                       train_paths=tuple(data.train_data_path or ()), valid_paths=tuple(data.valid_data_path or ()),
+                       test_paths=tuple(data.test_data_path or ()), tokenizer=data.tokenizer_name_or_path,
+                       json_key=data.json_key, cache_dir=data.data_cache_dir, loss_on=data.loss_on)
+
+
 def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
     env = env_from_launcher()
@@ -156,17 +178,14 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     samples_per_step = micro_per_step * cfg.parallel.batch_size * strategy.replica.world_size  # = cfg.samples_per_step
     log.banner("Loading data")
     t0 = time.perf_counter()
-    data = load_datasets(DataRequest(cfg.data.dataset, tuple(cfg.data.input_files or ()), cfg.arch.max_len,
-                                     model.config.vocab_size, cfg.data.seed, cfg.data.stride, cfg.data.val_num,
-                                     samples_per_step, split=cfg.data.split, epochs=cfg.optim.epochs,
-                                     training_steps=cfg.optim.training_steps, verify=cfg.data.verify,
-                                     windows=cfg.data.windows))
+    fixed_steps = steps_from_length(cfg, samples_per_step)
+    data = load_datasets(data_request(cfg, model.config.vocab_size, samples_per_step, fixed_steps))
     steps_per_epoch = len(data.train) // samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
                          f"({samples_per_step}); reduce --batch-size, --gradient-accumulation or "
                          "--device-iterations, or add data")
-    total_steps = cfg.optim.training_steps or cfg.optim.epochs * steps_per_epoch
+    total_steps = fixed_steps or cfg.optim.epochs * steps_per_epoch
     log.info(f"Samples per epoch: {len(data.train)}")
     log.info(f"Steps per epoch: {steps_per_epoch}")
     log.info(f"Data loaded in {time.perf_counter() - t0:.2f} secs")
@@ -192,6 +211,13 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     monitor = RunMonitor(cfg, model.config, total_steps)
     try:
         _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
+        if data.test is not None:
+            with _paused(run):
+                test = evaluate(run, data.test)
+            log.info(f"test after step {progress.step}: loss {test[0]:.4f}, perplexity {test[1]:.2f}, "
+                     f"tokens {test[2]}")
+            monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
+                                "test_loss": test[0], "test_perplexity": test[1]})
     finally:
         monitor.close()
     if cfg.eval.sample_tokens:

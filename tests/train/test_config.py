@@ -17,6 +17,9 @@ from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig
 # keys of every train_config.json saved next to a checkpoint and of --config files.
 FLAT_NAMES = {
     "adam_beta1", "adam_beta2", "adam_eps", "windows",
+    "hidden_dropout", "attention_dropout", "train_data_path", "valid_data_path", "test_data_path", "json_key",
+    "data_cache_dir", "loss_on", "reset_position_ids", "reset_attention_mask", "eod_mask_loss", "min_lr",
+    "train_samples", "lr_decay_samples", "lr_warmup_samples", "exit_signal_handler",
     "async_dataloader", "auto_loss_scaling", "auto_resume", "batch_size", "checkpoint_input_dir",
     "checkpoint_output_dir", "compile_only", "custom_ops", "dataset", "device", "device_iterations",
     "embedding_serialization_factor", "enable_half_partials", "enable_sequence_serialized", "epochs",
