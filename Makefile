@@ -25,7 +25,7 @@ TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-fi
 	--precision $(PRECISION) --torch-compile true --num-workers 0 --log-steps 20 --eval-every-steps 150 \
 	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 150 --sample-tokens 60 --sample-prompt "The module"
 
-.PHONY: all custom_ops setup train lint test test-fast bench clean distclean
+.PHONY: all custom_ops setup train lint test test-fast bench eval-data clean distclean
 
 all: custom_ops
 
@@ -62,6 +62,12 @@ test: setup lint
 # Leaves out torchrun and end-to-end training tests (@pytest.mark.slow): about a minute on 2 cores.
 test-fast: setup lint
 	$(PY) -m pytest -q -m "not slow"
+
+# WikiText and LAMBADA test sets from the Hugging Face hub into ~/.cache/gpt2forge/eval-data (sha256 checked);
+# EVAL_DATA_ARGS="--from DIR" imports local copies instead.
+EVAL_DATA_ARGS ?=
+eval-data: $(STAMP)
+	$(PY) -m gpt2forge.evaluation.fetch all $(EVAL_DATA_ARGS)
 
 # make bench BENCH=<benchmark, variant or group> (groups: cpu, cpu-host, cuda, all; see benchmarks.yml)
 BENCH      ?= cpu

@@ -1,7 +1,7 @@
 """Zero-shot evaluation time of gpt2forge vs `transformers.GPT2LMHeadModel`, side by side in one run.
 
 Both compute the same protocol on the same GPT-2 small-shaped model (random init, the same weights
-copied into HF's layout), on the real test sets in ../shared/data:
+copied into HF's layout), on the real test sets (`make eval-data` caches them; --data-dir overrides):
 
   LAMBADA   5,153 passages, non-strict, --seq-length 1024 (no passage is that long)
   WikiText  wiki.test.tokens, detokenized, windows of --seq-length with --stride (overlapping-eval)
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt2forge.evaluation.data import read_json_lines, read_text  # noqa: E402
 from gpt2forge.evaluation.detokenizer import wikitext_detokenizer  # noqa: E402
+from gpt2forge.evaluation.fetch import cache_dir, missing_message  # noqa: E402
 from gpt2forge.evaluation.protocol import Window, WindowPlan, build_cloze_examples  # noqa: E402
 from gpt2forge.evaluation.scoring import evaluate_cloze, score_windows  # noqa: E402
 from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
@@ -46,13 +47,13 @@ from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
 from gpt2forge.text.tokenizer import load_tokenizer  # noqa: E402
 
 TARGET = 2.0
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-dir", default=str(DATA), help="folder with wikitext/ and lambada/")
+    p.add_argument("--data-dir", default=str(cache_dir()),
+                   help="folder with wikitext/ and lambada/ (default: the cache `make eval-data` fills)")
     p.add_argument("--tasks", nargs="+", default=["lambada", "wikitext"], choices=("lambada", "wikitext"))
     p.add_argument("--limit", type=int, default=None,
                    help="N passages spread over all lengths / the first N windows only (a quick variant)")
@@ -166,8 +167,9 @@ def _ours_windows(model, tokens: np.ndarray, windows: list[Window], batch_size: 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not (Path(args.data_dir) / "lambada").is_dir():
-        print(f"error: --data-dir {args.data_dir}: no lambada/ or wikitext/ folder", file=sys.stderr)
+    missing = [t for t in args.tasks if not (Path(args.data_dir) / t).is_dir()]
+    if missing:
+        print(f"error: --data-dir: {missing_message(missing, Path(args.data_dir))}", file=sys.stderr)
         return 2
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load:.2f} at start "

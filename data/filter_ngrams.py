@@ -1,7 +1,7 @@
 """Remove training documents sharing a 13-word n-gram with evaluation sets (GPT-3 decontamination).
 
     python data/filter_ngrams.py --input clean.json --output decontaminated.json \
-        --eval ../shared/data/lambada/lambada_test.jsonl ../shared/data/wikitext/wiki.test.raw
+        --eval $(gpt2forge-fetch-data path lambada) ~/.cache/gpt2forge/eval-data/wikitext/wiki.test.raw
     python data/filter_ngrams.py --input clean.json --output out.json --eval lambada.jsonl --mode cut
 
 Logic: gpt2forge/preprocess/decontaminate.py; guide: docs/corpus.md.

@@ -3,8 +3,9 @@
 #
 #   bash tasks/run_evaluate.sh wiki|lmbd [CHECKPOINT [DATA]] [extra flags...]
 #
-# CHECKPOINT and DATA may also come from $CHECKPOINT_PATH and $DATA_PATH. Defaults for DATA:
-# ../shared/data/wikitext/wiki.test.tokens and ../shared/data/lambada/lambada_test.jsonl when present.
+# CHECKPOINT and DATA may also come from $CHECKPOINT_PATH and $DATA_PATH. Default DATA: the cached
+# wiki.test.tokens or lambada_test.jsonl that `make eval-data` (gpt2forge-fetch-data) puts in
+# $GPT2FORGE_EVAL_DATA or ~/.cache/gpt2forge/eval-data.
 # Protocol settings (environment): SEQ_LEN (1024), STRIDE (32, wiki: the reference's
 # --overlapping-eval), STRICT (false, lmbd), BATCH_SIZE (8), PRECISION (auto), TOKENIZER_TYPE (0),
 # OUTPUT_JSON (results/<task>.json). Extra flags go to the Python script unchanged.
@@ -17,15 +18,14 @@ usage() {
 }
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SHARED_DATA="$(cd "$ROOT/.." && pwd)/shared/data"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python3
 
 [ $# -ge 1 ] || usage
 TASK="$1"; shift
 case "$TASK" in
-    wiki) SCRIPT=evaluate_wiki.py; DEFAULT_DATA="$SHARED_DATA/wikitext/wiki.test.tokens" ;;
-    lmbd) SCRIPT=evaluate_lambada.py; DEFAULT_DATA="$SHARED_DATA/lambada/lambada_test.jsonl" ;;
+    wiki) SCRIPT=evaluate_wiki.py; SET=wikitext ;;
+    lmbd) SCRIPT=evaluate_lambada.py; SET=lambada ;;
     *) echo "error: dataset should be 'wiki' or 'lmbd' (got '$TASK')" >&2; usage ;;
 esac
 
@@ -33,9 +33,10 @@ CHECKPOINT="${CHECKPOINT_PATH:-}"
 if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then CHECKPOINT="$1"; shift; fi
 DATA="${DATA_PATH:-}"
 if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then DATA="$1"; shift; fi
-[ -n "$DATA" ] || { [ -f "$DEFAULT_DATA" ] && DATA="$DEFAULT_DATA"; } || true
 if [ -z "$CHECKPOINT" ]; then echo "error: no checkpoint (argument 2 or \$CHECKPOINT_PATH)" >&2; usage; fi
-if [ -z "$DATA" ]; then echo "error: no data file (argument 3 or \$DATA_PATH)" >&2; usage; fi
+if [ -z "$DATA" ]; then  # the cached set, or the one-line message naming the fetch command (exit 2)
+    DATA="$(cd "$ROOT" && "$PYTHON" -m gpt2forge.evaluation.fetch path "$SET")" || exit 2
+fi
 
 OUTPUT_JSON="${OUTPUT_JSON:-results/$TASK.json}"
 ARGS=(--checkpoint-input-dir "$CHECKPOINT" --valid-data "$DATA" --seq-length "${SEQ_LEN:-1024}"

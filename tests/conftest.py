@@ -30,3 +30,22 @@ def _runs_dir(tmp_path, monkeypatch):
     """Training runs without --checkpoint-output-dir write their metrics file under runs/: keep
     tests' runs in their own temporary folder instead of the repository."""
     monkeypatch.setenv("GPT2FORGE_RUNS_DIR", str(tmp_path / "runs"))
+
+
+DEV_DATA = Path(os.environ.get("GPT2FORGE_DEV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+"""The development copies of the real evaluation sets (WikiText, LAMBADA): $GPT2FORGE_DEV_DATA, else
+the `shared/data` folder beside the repository. Never copied into the repository."""
+
+
+@pytest.fixture()
+def eval_data_or_none() -> Path | None:
+    """The folder of the real evaluation sets (wikitext/, lambada/), or None when absent."""
+    return DEV_DATA if (DEV_DATA / "wikitext").is_dir() and (DEV_DATA / "lambada").is_dir() else None
+
+
+@pytest.fixture()
+def eval_data(eval_data_or_none) -> Path:
+    """The folder of the real evaluation sets (wikitext/, lambada/); skips the test when absent."""
+    if eval_data_or_none is None:
+        pytest.skip(f"real evaluation sets not found in {DEV_DATA} (set GPT2FORGE_DEV_DATA)")
+    return eval_data_or_none

@@ -1,10 +1,11 @@
 """Cleaning loose-JSON corpora: ftfy, language ID, minimum length, optional Gopher-style quality rules.
 
 `Cleaner(config).clean(text)` returns `(cleaned text, "")` or `(None, rule)` naming the rule that
-removed the document. Rules run cheapest first: ftfy `fix_text`, `min_chars`, the quality rules
-(when `quality` is on), `min_tokens` (only texts under 8 x min_tokens characters are tokenized: a
-GPT-2 token spans under 8 characters on real text, as the seed's cleanup_dataset.py assumes), then
-`lang` (lid.176, gpt2forge.preprocess.langid).
+removed the document. Rules run cheapest first: ftfy `fix_text`, `min_chars`, `javascript` (short
+documents mentioning javascript), the quality rules (when `quality` is on), `min_tokens` (only texts
+under 8 x min_tokens characters are tokenized: a GPT-2 token spans under 8 characters on real text,
+as the seed's cleanup_dataset.py assumes), then `lang` (lid.176, gpt2forge.preprocess.langid; only
+under `lang_under` characters when set); `collapse_whitespace` then rewrites what is kept.
 
 `clean_file` streams one file through the cleaner on `workers` processes: the parent reads and
 writes, workers clean chunks of texts (engine.ordered_map, the pool every tool shares), at most
@@ -15,7 +16,9 @@ and the output keeps the input order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import re
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -35,6 +38,8 @@ ELLIPSES = ("...", "…")
 EXAMPLES_PER_RULE = 3
 EXAMPLE_CHARS = 200
 CHUNK_DOCS = 256
+WHITESPACE_RUNS = re.compile(r"  +|\b\n+ |\b\n+")
+"""The seed's general_cleaning: runs of spaces, and newlines after a word, become one space."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +58,14 @@ class CleanConfig:
     """Tokenizer for min_tokens (load_tokenizer path); None: GPT-2."""
     min_chars: int = 0
     """Drop documents under this many characters after ftfy (0: off)."""
+    javascript_under: int = 0
+    """Drop documents under this many characters that mention javascript (the seed's
+    remove_256_javascript: 256; 0: off)."""
+    lang_under: int = 0
+    """Apply the language filter only to documents under this many characters (the seed's
+    remove_512_non_english: 512; 0: to every document)."""
+    collapse_whitespace: bool = False
+    """Replace runs of spaces and newlines after a word with one space (the seed's general_cleaning)."""
     quality: bool = False
     """Apply the quality rules below."""
     min_words: int = 50
@@ -74,6 +87,8 @@ class CleanConfig:
             errors.append(f"--lang-threshold {self.lang_threshold}: must be in [0, 1]")
         if self.min_tokens < 0 or self.min_chars < 0:
             errors.append("--min-tokens and --min-chars must be >= 0")
+        if self.javascript_under < 0 or self.lang_under < 0:
+            errors.append("--javascript-under and --lang-under must be >= 0")
         if errors:
             raise UsageError("; ".join(errors))
 
@@ -117,15 +132,19 @@ class Cleaner:
             text = ftfy.fix_text(text)
         if len(text) < cfg.min_chars:
             return None, "min_chars"
+        if len(text) < cfg.javascript_under and "javascript" in text.lower():
+            return None, "javascript"
         if cfg.quality and (rule := quality_rule(text, cfg)):
             return None, rule
         if cfg.min_tokens and len(text) < 8 * cfg.min_tokens:
             if len(self._tokenizer.encode(text)) < cfg.min_tokens:
                 return None, "min_tokens"
-        if self._lid is not None:
+        if self._lid is not None and (not cfg.lang_under or len(text) < cfg.lang_under):
             code, prob = self._lid.predict(text)
             if code != cfg.lang or prob < cfg.lang_threshold:
                 return None, "lang"
+        if cfg.collapse_whitespace:
+            text = WHITESPACE_RUNS.sub(" ", text)
         return text, ""
 
 
@@ -214,20 +233,25 @@ def clean_documents(docs: Iterable, cfg: CleanConfig, workers: int) -> Iterator[
 
 
 def clean_file(input_path: str | Path, output_path: str | Path, cfg: CleanConfig, *, workers: int = 1,
-               text_key: str = "text", skip_bad_lines: bool = False) -> CleanSummary:
-    """Clean `input_path` into `output_path` (written atomically; other fields of each record kept).
+               text_key: str = "text", skip_bad_lines: bool = False,
+               filtered_path: str | Path | None = None) -> CleanSummary:
+    """Clean `input_path` into `output_path` (written atomically; other fields of each record kept);
+    the removed records go to `filtered_path` when given (as read).
 
     Raises UsageError on bad input (file:line) unless `skip_bad_lines`."""
     summary = CleanSummary()
     bad: Counter = Counter()
     docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=bad)
-    with atomic_jsonl(output_path) as out:
+    with atomic_jsonl(output_path) as out, \
+            (atomic_jsonl(filtered_path) if filtered_path else contextlib.nullcontext()) as removed:
         bar = tqdm(clean_documents(docs, cfg, workers), unit=" docs", desc=Path(input_path).name,
                    disable=None)
         for doc, text, rule in bar:
             summary.add(doc.text, text, rule)
             if text is not None:
                 out.write(doc.record | {text_key: text})
+            elif removed is not None:
+                removed.write(doc.record)
     summary.bad_lines = bad["bad_lines"]
     return summary
 
@@ -245,6 +269,12 @@ def add_arguments(parser: argparse.ArgumentParser, min_tokens: int = 128) -> Non
                    help="tokenizer for --min-tokens (a tokenizer folder or file); default GPT-2 BPE")
     g.add_argument("--min-chars", type=int, default=d.min_chars, help="drop documents under N characters (0: off)")
     g.add_argument("--no-fix-text", action="store_true", help="skip ftfy's fix_text")
+    g.add_argument("--javascript-under", type=int, default=d.javascript_under,
+                   help="drop documents under N characters that mention javascript (0: off)")
+    g.add_argument("--lang-under", type=int, default=d.lang_under,
+                   help="apply --lang only to documents under N characters (0: to all)")
+    g.add_argument("--collapse-whitespace", action="store_true",
+                   help="turn runs of spaces, and newlines after a word, into one space")
     g.add_argument("--quality", action="store_true",
                    help="apply Gopher quality rules: 50-100000 words, mean word length 3-10, #/ellipsis per word "
                         "<= 0.1, bullet lines <= 90%%, ellipsis lines <= 30%%, duplicate lines <= 30%%")
@@ -258,16 +288,19 @@ def add_arguments(parser: argparse.ArgumentParser, min_tokens: int = 128) -> Non
 def config_from_args(args: argparse.Namespace) -> CleanConfig:
     return CleanConfig(fix_text=not args.no_fix_text, lang=args.lang, lang_threshold=args.lang_threshold,
                        min_tokens=args.min_tokens, tokenizer=args.tokenizer_name_or_path,
-                       min_chars=args.min_chars, quality=args.quality)
+                       min_chars=args.min_chars, quality=args.quality, javascript_under=args.javascript_under,
+                       lang_under=args.lang_under, collapse_whitespace=args.collapse_whitespace)
 
 
-def run_clean(input_path: str, output_path: str, args: argparse.Namespace) -> CleanSummary | None:
-    """Clean one file as the command line asks; None when the output exists and --overwrite is off."""
+def run_clean(input_path: str, output_path: str, args: argparse.Namespace,
+              filtered_path: str | Path | None = None) -> CleanSummary | None:
+    """Clean one file as the command line asks (removed records to `filtered_path` when given); None
+    when the output exists and --overwrite is off."""
     if Path(output_path).exists() and not args.overwrite:
         print(f"{output_path} exists (written atomically, so complete); skipping (pass --overwrite to redo)")
         return None
     summary = clean_file(input_path, output_path, config_from_args(args), workers=args.workers,
-                         text_key=args.text_key, skip_bad_lines=args.skip_bad_lines)
+                         text_key=args.text_key, skip_bad_lines=args.skip_bad_lines, filtered_path=filtered_path)
     if args.manifest:
         atomic_json(args.manifest, summary.to_dict())
     print(summary.line(str(output_path)))

@@ -1,6 +1,6 @@
 """Zero-shot evaluation protocols: hand-computed values from models with known outputs, Megatron's
 window masks as an oracle, parity with transformers.GPT2LMHeadModel, detokenizers, the command
-lines, and counts on the real test sets in /work/shared/data (skipped when absent)."""
+lines, and counts on the real test sets (the `eval_data` fixture; skipped when absent)."""
 
 import json
 import math
@@ -23,11 +23,6 @@ from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path("/work/shared/data")
-WIKI_RAW, WIKI_TOKENS = DATA / "wikitext/wiki.test.raw", DATA / "wikitext/wiki.test.tokens"
-LAMBADA = DATA / "lambada/lambada_test.jsonl"
-needs_data = pytest.mark.skipif(not (WIKI_TOKENS.is_file() and LAMBADA.is_file()),
-                                reason="real test sets not in /work/shared/data")
 
 
 class PositionBigram(torch.nn.Module):
@@ -332,10 +327,10 @@ def test_run_evaluate_sh_usage_line():
 
 # -- real test sets -----------------------------------------------------------------------------
 
-@needs_data
-def test_real_wikitext_counts_and_a_few_windows(tmp_path):
+def test_real_wikitext_counts_and_a_few_windows(tmp_path, eval_data):
     from gpt2forge.text.tokenizer import load_tokenizer
 
+    WIKI_RAW, WIKI_TOKENS = eval_data / "wikitext/wiki.test.raw", eval_data / "wikitext/wiki.test.tokens"
     tok = load_tokenizer()
     raw, tokenized = WIKI_RAW.read_text(encoding="utf-8"), WIKI_TOKENS.read_text(encoding="utf-8")
     assert count_original_tokens(raw) == count_original_tokens(tokenized) == 245_569
@@ -351,12 +346,12 @@ def test_real_wikitext_counts_and_a_few_windows(tmp_path):
     assert rec["dataset"]["sha256"] == "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"
 
 
-@needs_data
 @pytest.mark.parametrize("strict", [False, True])
-def test_real_lambada_counts_and_a_subset(tmp_path, strict):
+def test_real_lambada_counts_and_a_subset(tmp_path, strict, eval_data):
     from gpt2forge.evaluation.data import read_json_lines
     from gpt2forge.text.tokenizer import load_tokenizer
 
+    LAMBADA = eval_data / "lambada/lambada_test.jsonl"
     texts = read_json_lines(LAMBADA, "text", "--valid-data")
     examples = build_cloze_examples(texts, load_tokenizer().encode, strict, seq_len=1024)
     assert len(examples) == 5153 and not any(ex.truncated for ex in examples)

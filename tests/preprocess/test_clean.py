@@ -141,6 +141,24 @@ def test_seed_fix_and_blacklist_commands(tmp_path):
     assert "domain 1, duplicate 1, extension 1" in proc.stdout
 
 
+def test_seed_fix_tasks_write_cleaned_and_filtered(tmp_path):
+    short_js = "Please enable JavaScript to view this page."
+    long_js = "JavaScript tutorial. " * 20  # over 256 characters: kept by remove_256_javascript
+    spaced = "one  two   three\nfour"
+    src = write(tmp_path / "c.jsonl", [{"text": short_js, "url": "js"}, {"text": long_js, "url": "long"},
+                                       {"text": spaced, "url": "ws"}])
+    (tmp_path / "fixed").mkdir()
+    fix = [sys.executable, str(ROOT / "data" / "cleanup_fix_dataset.py"), "--input-files", str(src),
+           "--tasks", "remove_256_javascript", "general_cleaning", "--output-path", str(tmp_path / "fixed")]
+    proc = subprocess.run(fix, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    kept = [json.loads(ln) for ln in (tmp_path / "fixed" / "c_cleaned.jsonl").open()]
+    removed = [json.loads(ln) for ln in (tmp_path / "fixed" / "c_filtered.jsonl").open()]
+    assert [r["url"] for r in kept] == ["long", "ws"] and removed == [{"text": short_js, "url": "js"}]
+    assert kept[1]["text"] == "one two three four"  # the seed's general_cleaning regex
+    assert "javascript 1" in proc.stdout
+
+
 @pytest.mark.parametrize("url, rule", [
     ("a.b/c", "too_short"), ("ftp://example.com/file", "not_http"),
     ("https://www.youtube.com/watch?v=1", "domain"),

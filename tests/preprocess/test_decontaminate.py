@@ -5,12 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from gpt2forge.preprocess.decontaminate import DecontaminateConfig, cut, decontaminate_file, eval_ngrams, words
 
 ROOT = Path(__file__).resolve().parents[2]
-LAMBADA = Path("/work/shared/data/lambada/lambada_test.jsonl")
 FILLER = " ".join(f"The farmer counted {i} sheep in the northern field before the rain arrived." for i in range(40))
 UNRELATED = "A completely different story about ships, harbours and the long voyage home. " * 20
 
@@ -24,17 +21,18 @@ def test_words_lowercase_and_strip_punctuation():
     assert words("Hello, World! -- it's")[0] == ["hello", "world", "its"]
 
 
-def passage(tmp_path) -> tuple[Path, str]:
+def passage(tmp_path, eval_data: Path | None) -> tuple[Path, str]:
     """An evaluation file and one of its passages: the real LAMBADA test set when present."""
-    if LAMBADA.is_file():
-        with LAMBADA.open(encoding="utf-8") as f:
-            return LAMBADA, json.loads(f.readline())["text"]
+    if eval_data is not None:
+        lambada = eval_data / "lambada" / "lambada_test.jsonl"
+        with lambada.open(encoding="utf-8") as f:
+            return lambada, json.loads(f.readline())["text"]
     text = " ".join(f"evaluation sentence number {i} about a lighthouse keeper and his dog." for i in range(10))
     return write(tmp_path / "eval.jsonl", [{"text": text}]), text
 
 
-def test_planted_lambada_passage_is_dropped_and_unrelated_kept(tmp_path):
-    eval_file, text = passage(tmp_path)
+def test_planted_lambada_passage_is_dropped_and_unrelated_kept(tmp_path, eval_data_or_none):
+    eval_file, text = passage(tmp_path, eval_data_or_none)
     planted = FILLER + " " + text.replace("\n", " ").upper() + " " + FILLER  # case and spacing differ
     src = write(tmp_path / "train.json", [{"text": planted, "url": "p"}, {"text": UNRELATED, "url": "u"}])
     summary = decontaminate_file(src, tmp_path / "out.json", [str(eval_file)], DecontaminateConfig(), workers=0)
@@ -73,7 +71,6 @@ def test_command_cut_mode_and_bad_input(tmp_path):
     assert proc.returncode == 2 and "train.json:1:" in proc.stderr and proc.stderr.count("\n") == 1
 
 
-@pytest.mark.skipif(not LAMBADA.is_file(), reason="LAMBADA test set not in /work/shared/data")
-def test_real_lambada_table_is_compact():
-    table = eval_ngrams([LAMBADA], 13)
+def test_real_lambada_table_is_compact(eval_data):
+    table = eval_ngrams([eval_data / "lambada" / "lambada_test.jsonl"], 13)
     assert table.dtype.itemsize == 8 and 100_000 < len(table) < 1_000_000
