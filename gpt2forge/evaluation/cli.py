@@ -23,10 +23,10 @@ from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError, cli_main
 from gpt2forge.core.flags import str_to_bool
 from gpt2forge.core.runtime import configure_matmul, resolve_device, resolve_precision
-from gpt2forge.evaluation.data import data_format, load_stream, read_json_lines
-from gpt2forge.evaluation.detokenizer import DETOKENIZERS, detokenizer_name_for, get_detokenizer
-from gpt2forge.evaluation.protocol import build_cloze_examples
-from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_stream
+from gpt2forge.evaluation.data import data_format, load_stream, read_json_lines, read_text
+from gpt2forge.evaluation.detokenizer import DETOKENIZERS, detokenizer_name_for, get_detokenizer, sample_of
+from gpt2forge.evaluation.protocol import LAMBADA_TARGETS, build_cloze_examples, lm_eval_pages
+from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_pages, evaluate_stream
 from gpt2forge.model.pretrained import load_pretrained, resolve_model_dir
 
 IPU_FLAGS = ("--layers-per-ipu", "--device-iterations", "--matmul-proportion", "--executable-cache-dir",
@@ -54,7 +54,8 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--output-json", default=None, metavar="PATH",
                    help="write every number and every protocol setting here (atomically)")
     p.add_argument("--detokenizer", choices=("auto", *DETOKENIZERS), default="auto",
-                   help="auto: from the file name (wiki*.tokens -> wikitext, ptb -> ptb, *.raw -> none)")
+                   help="auto: from the content (WikiText's marks ' @-@ ', ' = Heading = ' -> wikitext, raw files "
+                        "included), else the name (ptb -> ptb, lambada -> lambada); none opts out")
     p.add_argument("--log-interval", type=int, default=10,
                    help="(reference) kept for compatibility; progress is the tqdm bar")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -75,6 +76,10 @@ def wiki_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-key", default="text", help="jsonl: the key holding each document (default: text)")
     p.add_argument("--max-windows", type=int, default=None,
                    help="score only the first N windows (a partial, quick result; marked in the JSON)")
+    p.add_argument("--protocol", choices=("megatron", "lm-eval"), default="megatron",
+                   help="megatron: one token stream, overlapping windows, per-original-token perplexity; "
+                        "lm-eval: lm-evaluation-harness's wikitext task (pages after <|endoftext|>, rolling "
+                        "windows, word and byte perplexity, bits per byte) (default: megatron)")
     return p
 
 
@@ -86,6 +91,10 @@ def lambada_parser() -> argparse.ArgumentParser:
                         "token (default: False)")
     p.add_argument("--max-examples", type=int, default=None,
                    help="score only the first N passages (a partial result; marked in the JSON)")
+    p.add_argument("--lambada-target", choices=LAMBADA_TARGETS, default="megatron",
+                   help="megatron: the last whitespace-separated word (the reference's and Megatron-LM's, "
+                        "the default so figures compare with theirs); lm-eval: everything after the last space, "
+                        "scored whole (lm-evaluation-harness's lambada_openai; implies --strict-lambada)")
     return p
 
 
@@ -117,8 +126,8 @@ class Session:
         if self.seq_len > n_pos:
             raise UsageError(f"--seq-length {self.seq_len} exceeds the model's n_positions ({n_pos}); "
                              f"use --seq-length {n_pos} or less")
-        self.detokenizer = (detokenizer_name_for(self.data_path) if args.detokenizer == "auto"
-                            else args.detokenizer)
+        self.detokenizer = (detokenizer_name_for(self.data_path, sample_of(self.data_path))
+                            if args.detokenizer == "auto" else args.detokenizer)
         # Right padding never reaches a scored position (causal attention): any valid id will do.
         self.pad_id = self.tokenizer.eot_id if self.tokenizer.eot_id is not None else 0
         self.t0 = time.perf_counter()
@@ -157,6 +166,8 @@ def wiki_main(argv: Sequence[str] | None = None) -> int:
     if args.max_windows is not None and args.max_windows < 1:
         raise UsageError(f"--max-windows must be >= 1 (got {args.max_windows})")
     fmt = data_format(s.data_path, args.data_format)
+    if args.protocol == "lm-eval":
+        return _wiki_lm_eval(s, fmt)
     max_tokens = None if args.max_windows is None else (args.max_windows - 1) * stride + s.seq_len + 1
     log.info(f"> building {fmt} token stream from {s.data_path} (detokenizer {s.detokenizer}) ...")
     stream = load_stream(s.data_path, fmt, s.detokenizer, s.tokenizer.encode, s.tokenizer.eot_id,
@@ -182,6 +193,29 @@ def wiki_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _wiki_lm_eval(s: Session, fmt: str) -> int:
+    """`--protocol lm-eval`: lm-evaluation-harness's wikitext task on a WikiText text file."""
+    if fmt != "text" or s.args.max_windows is not None:
+        raise UsageError("--protocol lm-eval takes a WikiText text file (e.g. wiki.test.raw) and no --max-windows")
+    if s.tokenizer.eot_id is None:
+        raise UsageError("--protocol lm-eval needs a tokenizer with an end-of-text token (pages start with it)")
+    pages = lm_eval_pages(read_text(Path(s.data_path), "--valid-data"))
+    log.info(f"> {len(pages)} pages from {s.data_path} (detokenizer {s.detokenizer}), rolling windows of {s.seq_len}")
+    res = evaluate_pages(s.model, pages, s.tokenizer.encode, s.tokenizer.eot_id, s.seq_len,
+                         detokenize=get_detokenizer(s.detokenizer), batch_size=s.args.batch_size,
+                         precision=s.precision, pad_id=s.pad_id, progress=not s.args.no_progress)
+    summary = (f"word perplexity: {res.word_perplexity:.4f}, byte perplexity: {res.byte_perplexity:.4f}, bits per "
+               f"byte: {res.bits_per_byte:.4f} | {res.pages} pages, {res.words} words, {res.bytes} bytes, "
+               f"{res.scored_tokens} tokens scored, seq length {s.seq_len}, detokenizer {s.detokenizer}, {s.precision}")
+    protocol = {"name": "lm-eval wikitext", "seq_length": s.seq_len, "detokenizer": s.detokenizer,
+                "pages": "split at level-1 headings (EleutherAI/wikitext_document_level)",
+                "scoring": "per page: <|endoftext|> + page tokens, disjoint rolling windows (loglikelihood_rolling)",
+                "word_count": "len(re.split(r'\\s+', page)) before detokenization", "byte_count": "UTF-8 bytes"}
+    dataset = {"path": s.data_path, "sha256": file_sha256(Path(s.data_path)), "pages": res.pages}
+    s.finish(summary, s.record("wikitext-lm-eval", res.to_dict() | {"partial": False}, protocol, dataset))
+    return 0
+
+
 @cli_main
 def lambada_main(argv: Sequence[str] | None = None) -> int:
     args = lambada_parser().parse_args(argv)
@@ -193,9 +227,10 @@ def lambada_main(argv: Sequence[str] | None = None) -> int:
     texts = read_json_lines(path, "text", "--valid-data")
     detok = get_detokenizer(s.detokenizer)
     texts = [detok(t) for t in texts[: args.max_examples]]
-    examples = build_cloze_examples(texts, s.tokenizer.encode, args.strict_lambada, s.seq_len)
+    strict = args.strict_lambada or args.lambada_target == "lm-eval"
+    examples = build_cloze_examples(texts, s.tokenizer.encode, strict, s.seq_len, args.lambada_target)
     log.info(f" > found {len(examples)} samples.")
-    res = evaluate_cloze(s.model, examples, args.strict_lambada, batch_size=args.batch_size,
+    res = evaluate_cloze(s.model, examples, strict, batch_size=args.batch_size,
                          precision=s.precision, pad_id=s.pad_id, progress=not args.no_progress)
     out = res.to_dict()
     out["partial"] = args.max_examples is not None
@@ -206,10 +241,13 @@ def lambada_main(argv: Sequence[str] | None = None) -> int:
                f" | target ppl {res.ppl:.4f}, {'strict (whole word)' if res.strict else 'non-strict (last token)'}"
                f", {res.truncated_examples} truncated, seq length {s.seq_len}, {s.precision}"
                + (" (PARTIAL)" if out["partial"] else ""))
+    target = ("everything after the last space, ids of encode(context + target) after encode(context) "
+              "(lm-eval)" if args.lambada_target == "lm-eval" else
+              "last whitespace-separated word, encoded as ' ' + word" if res.strict
+              else "last BPE token of the encoded passage")
     protocol = {"seq_length": s.seq_len, "strict": res.strict, "detokenizer": s.detokenizer,
                 "truncation": "left (context), counted", "max_examples": args.max_examples,
-                "target": "last whitespace-separated word, encoded as ' ' + word" if res.strict
-                else "last BPE token of the encoded passage",
+                "lambada_target": args.lambada_target, "target": target,
                 "ppl_formula": "exp(target NLL summed over examples / examples)"}
     dataset = {"path": str(path), "sha256": file_sha256(path), "examples": len(examples)}
     s.finish(summary, s.record("lambada", out, protocol, dataset))

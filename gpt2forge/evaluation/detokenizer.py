@@ -72,21 +72,37 @@ DETOKENIZERS: dict[str, Callable[[str], str]] = {
 }
 
 
-def detokenizer_name_for(path: str | Path) -> str:
-    """`--detokenizer auto`: chosen from the file name, as Megatron does, with one fix.
+WIKITEXT_MARKS = re.compile(r" @[-,.]@ |^ = [^=\n].* = $", re.MULTILINE)
+"""WikiText's own tokenization: ` @-@ `, ` @,@ `, ` @.@ ` and ` = Heading = ` lines (raw and tokenized files)."""
 
-    `ptb` in the name -> ptb; `lambada` -> lambada; `wiki` -> wikitext, except for WikiText's raw
-    files (`*.raw`), which get none. Megatron picked the wikitext rules for any path containing `wiki`.
-    Anything else: none.
+
+def detokenizer_name_for(path: str | Path, sample: str | None = None) -> str:
+    """`--detokenizer auto`: from the content when a sample of it is given, else from the file name.
+
+    WikiText's marks in the sample -> wikitext (its raw files are word-tokenized too: ` @-@ `, ` , `);
+    `ptb` in the name -> ptb; `lambada` -> lambada; `wiki` (no sample) -> wikitext. Anything else:
+    none. Megatron picked the wikitext rules for any path containing `wiki`, and an earlier version
+    of this function gave `*.raw` files none, which left WikiText's raw tokenization in place.
     """
     name = Path(path).name.lower()
+    if sample is not None and WIKITEXT_MARKS.search(sample):
+        return "wikitext"
     if "ptb" in name:
         return "ptb"
     if "lambada" in name:
         return "lambada"
-    if "wiki" in name and not name.endswith(".raw"):
+    if "wiki" in name and sample is None:
         return "wikitext"
     return "none"
+
+
+def sample_of(path: str | Path, size: int = 1 << 16) -> str | None:
+    """The first `size` bytes of a text file, decoded leniently (None when `path` is not a file)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    with p.open("rb") as f:
+        return f.read(size).decode("utf-8", errors="replace")
 
 
 def get_detokenizer(name: str) -> Callable[[str], str]:

@@ -15,11 +15,21 @@ given all earlier tokens; strict scores every token of the last word (`text.spli
 as `" " + word`) given the encoded text before it, and an example is correct only if all of them
 are the greedy prediction. Examples longer than L + 1 tokens lose context tokens on the left (and
 are counted); Megatron's strict mode dropped them from the denominator instead.
+
+lm-evaluation-harness (`lambada_openai`, `wikitext`; lm-eval 0.4.13), `--lambada-target lm-eval`
+and `--protocol lm-eval`: the LAMBADA target is everything after the last space (`" " +
+text.split(" ")[-1]`, a newline included), the context the text before that space, and the target
+ids are those of encode(context + target) after encode(context) (lm-eval's `_encode_pair`); the
+whole target is scored (strict). WikiText is split into pages at its level-1 headings
+(`lm_eval_pages`), each page is scored on its own after an end-of-text token with rolling windows
+(`rolling_windows`: disjoint chunks of L targets, the last one with a full L of context), and the
+sums are reported per word (whitespace-separated, as `re.split` on runs of whitespace), per byte and as bits per byte.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -157,6 +167,20 @@ def lambada_example(text: str, encode: Callable[[str], list[int]], strict: bool)
     return ClozeExample(tuple(context), tuple(target))
 
 
+def lm_eval_lambada_example(text: str, encode: Callable[[str], list[int]]) -> ClozeExample:
+    """lm-eval's `lambada_openai`: target `" " + text.split(" ")[-1]`, context the words before it joined
+    by spaces; target ids = encode(context + target)[len(encode(context)):] (its `_encode_pair`)."""
+    pieces = text.split(" ")
+    context, target = " ".join(pieces[:-1]), " " + pieces[-1]
+    spaces = len(context) - len(context.rstrip())  # _encode_pair moves trailing spaces to the target
+    if spaces:
+        context, target = context[:-spaces], context[-spaces:] + target
+    if not context:
+        raise ValueError("no context before the last space")
+    whole, context_ids = encode(context + target), encode(context)
+    return ClozeExample(tuple(context_ids), tuple(whole[len(context_ids):]))
+
+
 def fit_example(ex: ClozeExample, seq_len: int) -> ClozeExample:
     """Cut context from the left so context + target has at most seq_len + 1 ids (the model reads
     all but the last). The target is never cut; one longer than seq_len is a UsageError."""
@@ -170,13 +194,21 @@ def fit_example(ex: ClozeExample, seq_len: int) -> ClozeExample:
     return ClozeExample(ex.context[excess:], ex.target, truncated=excess)
 
 
+LAMBADA_TARGETS = ("megatron", "lm-eval")
+"""`--lambada-target`: Megatron's last whitespace-separated word, or lm-eval's text after the last space."""
+
+
 def build_cloze_examples(texts: Sequence[str], encode: Callable[[str], list[int]], strict: bool,
-                         seq_len: int) -> list[ClozeExample]:
-    """Every passage as a fitted example; a passage that cannot be scored is a UsageError naming its line."""
+                         seq_len: int, target: str = "megatron") -> list[ClozeExample]:
+    """Every passage as a fitted example; a passage that cannot be scored is a UsageError naming its line.
+
+    target: "megatron" (`strict` picks the last token or the last word) or "lm-eval" (always the whole
+    target after the last space)."""
     out = []
     for line, text in enumerate(texts, start=1):
         try:
-            out.append(fit_example(lambada_example(text, encode, strict), seq_len))
+            ex = lm_eval_lambada_example(text, encode) if target == "lm-eval" else lambada_example(text, encode, strict)
+            out.append(fit_example(ex, seq_len))
         except ValueError as exc:
             raise UsageError(f"example {line}: {exc}; every line must hold a passage ending in its target word") \
                 from None
@@ -213,3 +245,67 @@ class ClozeResult:
                 "ppl": self.ppl, "token_ppl": self.token_ppl, "loss_sum": self.loss_sum,
                 "target_tokens": self.target_tokens, "truncated_examples": self.truncated_examples,
                 "strict": self.strict}
+
+
+def lm_eval_pages(text: str) -> list[str]:
+    """WikiText split into pages as lm-eval's `wikitext` task gets them (EleutherAI/wikitext_document_level):
+    a new page starts at each level-1 heading line (` = Title = `); pages are joined lines, blank ones dropped."""
+    pages, lines = [], []
+    for line in text.split("\n"):
+        heading = line.replace("= = =", "===").replace("= =", "==").strip()
+        if heading.startswith("= ") and heading.endswith(" ="):
+            page = "\n".join(lines)
+            if page.strip():
+                pages.append(page)
+            lines = []
+        lines.append(line)
+    pages.append("\n".join(lines))
+    return pages
+
+
+def lm_eval_words(page: str) -> int:
+    """lm-eval's word count of a page (before detokenization): `len(re.split(r"\\s+", page))`."""
+    return len(re.split(r"\s+", page))
+
+
+def rolling_windows(n_tokens: int, seq_len: int) -> list[Window]:
+    """lm-eval's `loglikelihood_rolling` over a stream of `n_tokens` (an end-of-text token, then the text):
+    targets 1..n-1 in disjoint chunks of `seq_len`, each read with the `seq_len` tokens before its end
+    (the last chunk's window reaches back to a full `seq_len` of context)."""
+    if seq_len < 1:
+        raise UsageError(f"--seq-length {seq_len} must be >= 1")
+    windows = []
+    for first in range(1, n_tokens, seq_len):
+        end = min(first + seq_len, n_tokens)  # targets [first, end)
+        start = max(0, end - 1 - seq_len)
+        windows.append(Window(start, end - 1 - start, end - first))
+    return windows
+
+
+@dataclass
+class PageResult:
+    """lm-eval's wikitext sums: target NLL over every page, words and UTF-8 bytes of the pages."""
+
+    loss_sum: float
+    scored_tokens: int
+    words: int
+    bytes: int
+    pages: int
+
+    @property
+    def word_perplexity(self) -> float:
+        return safe_exp(self.loss_sum / self.words)
+
+    @property
+    def byte_perplexity(self) -> float:
+        return safe_exp(self.loss_sum / self.bytes)
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.loss_sum / self.bytes / math.log(2)
+
+    def to_dict(self) -> dict:
+        return {"word_perplexity": self.word_perplexity, "byte_perplexity": self.byte_perplexity,
+                "bits_per_byte": self.bits_per_byte, "loss_sum": self.loss_sum, "scored_tokens": self.scored_tokens,
+                "token_ppl": safe_exp(self.loss_sum / max(self.scored_tokens, 1)), "words": self.words,
+                "bytes": self.bytes, "pages": self.pages}

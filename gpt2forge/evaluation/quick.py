@@ -15,7 +15,7 @@ import torch
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.evaluation.data import read_json_lines, read_text
-from gpt2forge.evaluation.detokenizer import detokenizer_name_for, get_detokenizer
+from gpt2forge.evaluation.detokenizer import detokenizer_name_for, get_detokenizer, sample_of
 from gpt2forge.evaluation.protocol import build_cloze_examples
 from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_stream
 from gpt2forge.text.tokenizer import load_tokenizer
@@ -36,7 +36,7 @@ class QuickEval:
         self.seq_len, self.batch_size, self.pad_id = seq_len, batch_size, tok.eot_id
         self.tokens = self.examples = None
         if wikitext:
-            detok = get_detokenizer(detokenizer_name_for(wikitext))
+            detok = get_detokenizer(detokenizer_name_for(wikitext, sample_of(wikitext)))
             text = read_text(Path(wikitext), "--eval-wikitext")
             # Only the characters the capped windows can reach are tokenized (~4 characters per token).
             need = QUICK_WINDOWS * seq_len + 1

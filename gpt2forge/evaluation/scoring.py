@@ -22,7 +22,16 @@ from tqdm import tqdm
 
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.core.runtime import autocast
-from gpt2forge.evaluation.protocol import ClozeExample, ClozeResult, PerplexityResult, Window, WindowPlan
+from gpt2forge.evaluation.protocol import (
+    ClozeExample,
+    ClozeResult,
+    PageResult,
+    PerplexityResult,
+    Window,
+    WindowPlan,
+    lm_eval_words,
+    rolling_windows,
+)
 
 HEAD_CHUNK = 1024  # scored positions per LM-head matmul: 1024 x 50304 fp32 logits = 206 MB at most
 
@@ -130,6 +139,27 @@ def evaluate_stream(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, st
         assert scored == plan.scored_tokens, (scored, plan.scored_tokens)
     return PerplexityResult(loss_sum, scored, scored + 1 if max_windows is not None else len(tokens),
                             num_original_tokens if max_windows is None else None, correct, n)
+
+
+def evaluate_pages(model: torch.nn.Module, pages: Sequence[str], encode, eot_id: int, seq_len: int, *,
+                   detokenize=lambda text: text, batch_size: int = 8, precision: str = "fp32", pad_id: int = 0,
+                   progress: bool = True) -> PageResult:
+    """lm-eval's `wikitext` protocol: each page detokenized, encoded after `eot_id` and scored with
+    `rolling_windows`; words and bytes are counted on the page before detokenization."""
+    loss_sum, scored = 0.0, 0
+    bar = tqdm(total=len(pages), desc="pages", unit="page", disable=not progress, dynamic_ncols=True)
+    for page in pages:
+        tokens = np.asarray([eot_id, *encode(detokenize(page))], dtype=np.int64)
+        windows = rolling_windows(len(tokens), seq_len)
+        for first in range(0, len(windows), batch_size):
+            scores = score_windows(model, tokens, windows[first:first + batch_size], precision=precision,
+                                   pad_id=pad_id)
+            loss_sum += float(scores.nll.sum())
+            scored += int(scores.scored.sum())
+        bar.update(1)
+    bar.close()
+    return PageResult(loss_sum, scored, sum(lm_eval_words(p) for p in pages),
+                      sum(len(p.encode("utf-8")) for p in pages), len(pages))
 
 
 def evaluate_cloze(model: torch.nn.Module, examples: Sequence[ClozeExample], strict: bool, *,

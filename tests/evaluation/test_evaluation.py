@@ -264,7 +264,9 @@ def test_wikitext_detokenizer():
 def test_ptb_detokenizer_and_choice_by_name():
     assert ptb_detokenizer("he does n't pay a $ N bill \n it 's # 1 \n") == "he doesn't pay a $1 bill\nit's #1\n"
     assert detokenizer_name_for("x/wiki.test.tokens") == "wikitext"
-    assert detokenizer_name_for("x/wiki.test.raw") == "none"
+    assert detokenizer_name_for("x/wiki.test.raw") == "wikitext"  # WikiText's raw files are word-tokenized too
+    assert detokenizer_name_for("notes.raw", " = Robert Boulter = \n He was born in 1 @,@ 000 .") == "wikitext"
+    assert detokenizer_name_for("wiki.txt", "Plain prose, with no marks.\n") == "none"  # content decides
     assert detokenizer_name_for("ptb.test.txt") == "ptb"
     assert detokenizer_name_for("lambada_test.jsonl") == "lambada"
     assert detokenizer_name_for("corpus.jsonl") == "none"
