@@ -5,7 +5,9 @@
 
 Same run, same generated corpus (`planted_corpus`: distinct documents, plus near-duplicate copies
 with 1-3% of their words replaced, paragraphs reordered, or boilerplate added), each tool in its own
-process on one core (a per-core rate; each tool's peak RSS from its own process):
+process on one core (a per-core rate: documents per CPU second of the tool's process and the processes
+it waited for, so other load on the machine does not change it; each tool's peak RSS from its own
+process):
 - ours: gpt2forge.preprocess.dedup (character 5-grams, 100 hashes, 10 bands, exact Jaccard > 0.5);
 - HF datatrove's MinhashDedupSignature/Buckets/Cluster/Filter, 10 buckets x 10 hashes (datatrove
   only shingles words: word 5-grams), through its LocalPipelineExecutor with one worker;
@@ -194,12 +196,15 @@ def measure(tool: str, path: Path, work: Path) -> dict | str:
             return f"skipped: {module} is not installed ({exc}); pip install {module}"
     out = work / tool
     out.mkdir()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run([sys.executable, __file__, "--child", tool, str(path), str(out)], capture_output=True,
                           text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         return f"failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the tool's process and any it waited for
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(lines[-1][len("RESULT "):]) | {"cpu_seconds": cpu}
 
 
 def write_corpus(path: Path, mb: float, seed: int = 0) -> tuple[int, list[list[str]]]:
@@ -230,9 +235,10 @@ def main() -> None:
                 print(f"{tool:<11} {r}")
                 continue
             recall, precision = score(set(r["removed"]), groups, n_docs)
-            rates[tool] = (n_docs / r["seconds"], recall, precision)
-            print(f"{tool:<11} {n_docs / r['seconds']:9.0f} docs/s/core  peak {r['peak_mb']:7.0f} MB  "
-                  f"recall {recall:.3f}  precision {precision:.3f}  ({r['seconds']:.1f} s)")
+            rates[tool] = (n_docs / r["cpu_seconds"], recall, precision)
+            print(f"{tool:<11} {n_docs / r['cpu_seconds']:9.0f} docs/s/core  peak {r['peak_mb']:7.0f} MB  "
+                  f"recall {recall:.3f}  precision {precision:.3f}  ({r['cpu_seconds']:.1f} CPU s, "
+                  f"{r['seconds']:.1f} s wall)")
         memory_at_two_sizes(work, args.mb)
         if "ours" in rates and "datatrove" in rates:
             ours, dt = rates["ours"], rates["datatrove"]

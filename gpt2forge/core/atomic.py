@@ -1,4 +1,4 @@
-"""Atomic file writes: readers see the old file or the new one, never half of one.
+"""Atomic file writes and links: readers see the old file or the new one, never half of one.
 
 Data goes to a temporary file in the destination folder, is flushed to disk, and is renamed into
 place (a rename within one file system is atomic on POSIX).
@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+
+from gpt2forge.core.errors import naming
 
 
 def fsync_path(path: str | Path) -> None:
@@ -28,7 +30,7 @@ def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> None
         data = data.encode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(path), os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -36,4 +38,18 @@ def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> None
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def replace_with_link(path: str | Path, target: str) -> None:
+    """Make `path` a symbolic link to `target` (relative to path's folder), replacing a link or file
+    already there in one rename, so a reader sees the old entry or the new link, never neither."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.link-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class UsageError(ValueError):
@@ -26,6 +28,37 @@ def _where() -> str:
     return f"rank {rank}: " if os.environ.get("WORLD_SIZE", "1") != "1" and rank != "0" else ""
 
 
+_OS_HINTS = {
+    errno.ENOSPC: "the disk is full: free space there or write somewhere else",
+    errno.EDQUOT: "the disk quota is used up: free space there or write somewhere else",
+    errno.EACCES: "permission denied: make it writable or choose another place",
+    errno.EPERM: "operation not permitted: make it writable or choose another place",
+    errno.EROFS: "the file system is read-only: write somewhere else",
+    errno.EIO: "an I/O error from the device: check the disk",
+    errno.EFBIG: "the file is larger than this system allows: write smaller files or elsewhere",
+}
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for a failed file operation: the path, what the system said, and the fix."""
+    where = exc.filename if exc.filename is not None else "a file"
+    what = exc.strerror or type(exc).__name__
+    hint = _OS_HINTS.get(exc.errno, "check the path")
+    return f"{where}: {what} ({hint}); nothing half-written was left behind as complete"
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    """Give an OSError raised inside the block `path` as its file name when it has none (a write
+    to an open file that fails says only "No space left on device"), so the user's line names it."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+        raise
+
+
 def collect(errors: list[str]) -> None:
     """Raise one UsageError for all collected problems (joined with '; '), if any."""
     if errors:
@@ -33,7 +66,9 @@ def collect(errors: list[str]) -> None:
 
 
 def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
-    """Decorate an entry point: UsageError becomes `error: <message>` on stderr and exit code 2."""
+    """Decorate an entry point: UsageError becomes `error: <message>` on stderr and exit code 2, as does
+    an OSError (full, read-only or failing disk: the path and the fix; writers publish atomically, so
+    nothing half-written looks complete), RunError exit code 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs) -> int:
@@ -45,6 +80,9 @@ def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
         except RunError as exc:
             print(f"error: {_where()}{exc}", file=sys.stderr)
             return 1
+        except OSError as exc:  # a disk that is full, read-only or failing; a path that cannot be used
+            print(f"error: {_where()}{os_error_line(exc)}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130

@@ -16,13 +16,14 @@ A dataset is two files next to each other, `<prefix>.bin` and `<prefix>.idx`:
   | 8*N int64      | pointers: byte offset of each sequence in `.bin`                  |
   | 8*D int64      | doc_idx: index of the first sequence of each document, then N     |
 
-Our writer stores one sequence per document (as Megatron's `preprocess_data.py` does for GPT
-without `--split-sentences`), so `doc_idx == [0, 1, ..., N]`; the reader accepts any valid
-`doc_idx`, so Megatron files with sentence splitting load unchanged.
+Like Megatron's `preprocess_data.py`, our writer stores a document as one sequence, or one sequence
+per sentence when its text is a list of sentences, and an empty document as a `doc_idx` entry with
+no sequence; the reader accepts any valid `doc_idx`, so every Megatron file loads unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import tempfile
@@ -80,6 +81,23 @@ def index_bytes(sizes: np.ndarray, doc_idx: np.ndarray, dtype: np.dtype) -> byte
     return header + sizes.tobytes() + pointers.tobytes() + doc_idx.tobytes()
 
 
+def save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    """np.save to a temp name in the same folder, fsync, rename: readers never see half a file
+    (the index maps and blend orders cached next to a dataset)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
 class IndexedWriter:
     """Writes `<prefix>.bin/.idx`, publishing both only when `finalize()` succeeds.
 
@@ -111,16 +129,25 @@ class IndexedWriter:
             raise UsageError(f"token id {int(ids.max())} does not fit {self.dtype} in "
                              f"{self.prefix}.bin; use a wider dtype (int32)")
 
-    def add_documents_flat(self, tokens: np.ndarray, sizes: Sequence[int] | np.ndarray) -> None:
-        """Append len(sizes) documents whose ids are `tokens` concatenated (fast bulk path)."""
+    def add_documents_flat(self, tokens: np.ndarray, sizes: Sequence[int] | np.ndarray,
+                           doc_sequences: Sequence[int] | np.ndarray | None = None) -> None:
+        """Append sequences of `sizes` tokens whose ids are `tokens` concatenated (fast bulk path).
+
+        `doc_sequences`: how many of those sequences each document holds, in order (0: an empty
+        document, kept as its own `doc_idx` entry, as Megatron's `add_document` does); None: one
+        document per sequence."""
         tokens = np.asarray(tokens)
         sizes = np.asarray(sizes, dtype=np.int64)
         if int(sizes.sum()) != tokens.size or (sizes < 0).any():
             raise ValueError("sizes must be non-negative and sum to len(tokens)")
+        per_doc = (np.ones(len(sizes), dtype=np.int64) if doc_sequences is None
+                   else np.asarray(doc_sequences, dtype=np.int64))
+        if int(per_doc.sum()) != len(sizes) or (per_doc < 0).any():
+            raise ValueError("doc_sequences must be non-negative and sum to len(sizes)")
         self._check_range(tokens)
         self._bin.write(tokens.astype(self.dtype, copy=False).tobytes())
         self._sizes.append(sizes.astype(np.int32))
-        self._doc_starts.append(self.num_sequences + np.arange(1, len(sizes) + 1, dtype=np.int64))
+        self._doc_starts.append(self.num_sequences + np.cumsum(per_doc))
         self.num_sequences += len(sizes)
         self.num_tokens += tokens.size
 
@@ -152,15 +179,15 @@ class IndexedWriter:
         """Flush, fsync and publish `<prefix>.bin` and `<prefix>.idx`."""
         if self._done:
             return
-        self._bin.flush()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
-        sizes = np.concatenate(self._sizes) if self._sizes else np.zeros(0, np.int32)
-        doc_idx = np.concatenate([np.zeros(1, np.int64), *self._doc_starts])
-        idx_path = Path(f"{self.prefix}.idx")
-        fd, idx_tmp = tempfile.mkstemp(dir=self.prefix.parent,
-                                       prefix=f".{self.prefix.name}.idx.", suffix=".tmp")
+        idx_path, idx_tmp = Path(f"{self.prefix}.idx"), None
         try:
+            self._bin.flush()
+            os.fsync(self._bin.fileno())
+            self._bin.close()
+            sizes = np.concatenate(self._sizes) if self._sizes else np.zeros(0, np.int32)
+            doc_idx = np.concatenate([np.zeros(1, np.int64), *self._doc_starts])
+            fd, idx_tmp = tempfile.mkstemp(dir=self.prefix.parent,
+                                           prefix=f".{self.prefix.name}.idx.", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(index_bytes(sizes, doc_idx, self.dtype))
                 f.flush()
@@ -171,16 +198,24 @@ class IndexedWriter:
             os.replace(self._bin_tmp, f"{self.prefix}.bin")
             os.replace(idx_tmp, idx_path)
             fsync_path(self.prefix.parent)
-        except BaseException:
-            Path(idx_tmp).unlink(missing_ok=True)
+        except BaseException as exc:
+            if idx_tmp is not None:
+                Path(idx_tmp).unlink(missing_ok=True)
             self.abort()
-            raise
+            raise self._named(exc) from None
         self._done = True
+
+    def _named(self, exc: BaseException) -> BaseException:
+        """An OSError without a file name (a failed write) as one naming this dataset's `.bin`."""
+        if isinstance(exc, OSError) and exc.filename is None:
+            return OSError(exc.errno, exc.strerror or str(exc), f"{self.prefix}.bin")
+        return exc
 
     def abort(self) -> None:
         """Delete the temporary files; nothing is published."""
         if not self._bin.closed:
-            self._bin.close()
+            with contextlib.suppress(OSError):  # closing flushes: on a full disk that fails again
+                self._bin.close()
         Path(self._bin_tmp).unlink(missing_ok=True)
         self._done = True
 
@@ -190,8 +225,10 @@ class IndexedWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.finalize()
-        else:
-            self.abort()
+            return
+        self.abort()
+        if exc is not self._named(exc):
+            raise self._named(exc) from None
 
 
 class IndexedDataset:
@@ -217,6 +254,9 @@ class IndexedDataset:
             else np.zeros(0, np.uint8)
         self._read_index(idx_path)
         bin_len = bin_path.stat().st_size
+        if bin_len % self.dtype.itemsize:
+            raise self._fail(bin_path, f"data file is {bin_len} bytes, not a whole number of {self.dtype} tokens "
+                                       f"({self.dtype.itemsize} bytes each): truncated, or written for another dtype")
         self._bin = (np.memmap(bin_path, dtype=self.dtype, mode="r") if bin_len
                      else np.zeros(0, self.dtype))
         if verify:
@@ -328,3 +368,22 @@ class IndexedDataset:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["prefix"], state["vocab_size"], verify=False)
+
+
+def open_corpora(prefixes: Sequence[str], vocab_size: int | None, flag: str) -> dict[str, IndexedDataset]:
+    """Open (and verify) every prefix of a blend; all must come from one tokenizer.
+
+    Megatron's `preprocess_data.py` picks the dtype from the vocabulary size (`best_dtype`), so two
+    dtypes mean two tokenizers; ids outside `[0, vocab_size)` are refused per file on open.
+
+    Raises:
+        UsageError: a missing or corrupt file, ids outside the vocabulary, or mixed dtypes.
+    """
+    opened = {p: IndexedDataset(p, vocab_size=vocab_size) for p in dict.fromkeys(prefixes)}
+    first, *rest = opened.items()
+    for prefix, data in rest:
+        if data.dtype != first[1].dtype:
+            raise UsageError(f"{flag}: {prefix} holds {data.dtype} token ids but {first[0]} holds "
+                             f"{first[1].dtype}: they were made with different tokenizers (vocabularies "
+                             "of different sizes); re-create them with the one tokenizer the model uses")
+    return opened

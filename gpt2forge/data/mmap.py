@@ -1,15 +1,20 @@
-"""``--dataset mmap``: Megatron-LM's GPT samples over a Megatron indexed dataset (``.bin``/``.idx``).
+"""``--dataset mmap``: Megatron-Core's GPT samples over Megatron indexed datasets (``.bin``/``.idx``).
 
 ``--input-files PREFIX`` names ``PREFIX.bin`` and ``PREFIX.idx`` (``indexed.IndexedDataset``, checked
-on open: magic, version, dtype, sizes against the ``.bin`` length, token ids below the vocabulary).
-Samples are built exactly as Megatron's ``GPTDataset`` builds them:
+on open: magic, version, dtype, sizes against the ``.bin`` length, token ids below the vocabulary);
+``--data-path W1 PREFIX1 W2 PREFIX2 ...`` blends several (``blend``), each split by ``--split``, or
+``--train-data-path``/``--valid-data-path``/``--test-data-path`` give each split its own (weighted)
+prefixes, as Megatron-LM. Samples are built exactly as Megatron-Core 0.19's ``GPTDataset`` builds them:
 
 - documents (= sequences of the file) are split into train/valid/test ranges by ``--split``
-  (``949,50,1``: weights, Megatron's ``get_train_valid_test_split_``);
-- ``doc_idx``: a split's documents repeated once per epoch and shuffled (``RandomState(seed)``; the
-  last epoch is shuffled on its own when less than 80% of it is used, as Megatron does);
-- ``sample_idx`` ``(num_samples + 1, 2)``: where sample ``i`` starts, as (index into ``doc_idx``,
-  token offset). Samples are ``seq_length + 1`` tokens, cross document boundaries freely, and
+  (``949,50,1``: weights; Megatron-Core rounds the running total, ``split_boundaries``);
+- a split is asked for the samples the run will read: the training split for ``train_samples``
+  (Megatron-LM's ``train_iters x global_batch``; whole ``--epochs`` when the run is given in epochs),
+  validation and test for one pass;
+- ``doc_idx``: a split's documents repeated once per epoch those samples need and shuffled
+  (``RandomState(seed)``; the last epoch is shuffled on its own when less than 80% of it is used);
+- ``sample_idx`` ``(built + 1, 2)``: where sample ``i`` starts, as (index into ``doc_idx``, token
+  offset). Samples are ``seq_length + 1`` tokens, cross document boundaries freely, and
   consecutive ones share one token. Built by the C++ op ``gpt2forge::build_sample_idx``
   (custom_ops/sample_index.cpp), or by ``build_sample_idx_reference`` when the library is absent;
 - ``shuffle_idx``: a permutation of the samples from the same RNG.
@@ -21,8 +26,8 @@ sample count, sequence length, seed, split or data builds new ones. Each file is
 name and renamed, and its content is a pure function of its name, so a killed or concurrent build
 never leaves a wrong cache.
 
-Epochs: ``len(dataset)`` is the samples of one pass over the split's tokens; the training split is
-built for every epoch the run needs and is read in order (``epoch_indices``), exactly as Megatron
+Epochs: ``len(dataset)`` is the samples of one pass over the split's tokens (of every corpus, for a
+blend); the training samples are read in order across epochs (``epoch_indices``), exactly as Megatron
 consumes its shuffled index.
 """
 
@@ -30,8 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,10 +42,20 @@ import numpy as np
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.core.atomic import fsync_path
 from gpt2forge.core.errors import UsageError
+from gpt2forge.data.blend import (
+    SURPLUS,
+    Blend,
+    BlendedDataset,
+    blend_cache_paths,
+    corpus_sizes,
+    load_blend_order,
+    normalize,
+    split_blends,
+    train_target,
+)
 from gpt2forge.data.contract import DataRequest, DatasetSplit
-from gpt2forge.data.indexed import IndexedDataset
+from gpt2forge.data.indexed import IndexedDataset, open_corpora, save_npy_atomic
 from gpt2forge.ops.library import load_custom_ops
 
 SPLIT_NAMES = ("train", "valid", "test")
@@ -66,16 +79,21 @@ def parse_split(split: str) -> list[float]:
         raise UsageError(f"--split {split!r}: give up to three non-negative weights for "
                          "train,valid,test, e.g. 949,50,1")
     weights += [0.0] * (3 - len(weights))
-    return [w / sum(weights) for w in weights]
+    return normalize(weights)
 
 
 def split_boundaries(split: str, size: int) -> list[int]:
-    """Megatron's ``get_train_valid_test_split_``: ``[0, a, b, size]``, split ``k`` is ``[idx[k], idx[k+1])``."""
-    index = [0]
+    """Megatron-Core's split of ``size`` documents: ``[0, a, b, size]``, split ``k`` is ``[idx[k], idx[k+1])``.
+
+    Megatron-Core (``convert_split_vector_to_split_matrix`` and the builder) rounds the running total
+    of the normalized weights, ``round(0.949 n)``, ``round(0.999 n)``; Megatron-LM's older
+    ``get_train_valid_test_split_`` rounded each share and then moved every boundary by the total's
+    error, which disagrees for about a quarter of the sizes.
+    """
+    ends = [0.0]
     for w in parse_split(split):
-        index.append(index[-1] + int(round(w * float(size))))
-    diff = index[-1] - size
-    return [index[0]] + [i - diff for i in index[1:]]
+        ends.append(ends[-1] + w)
+    return [int(round(e * float(size))) for e in ends]
 
 
 def num_epochs_for(tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
@@ -165,22 +183,6 @@ def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, nu
     return build_sample_idx_reference(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch)
 
 
-def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    """np.save to a temp name in the same folder, fsync, rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_path(path.parent)
-
-
 def cache_paths(prefix: str, name: str, first: int, end: int, sizes: np.ndarray, num_samples: int,
                 seq_length: int, seed: int) -> dict[str, Path]:
     """The three cache files of one index build; the name encodes every input of their content."""
@@ -209,7 +211,7 @@ def build_index_maps(paths: dict[str, Path], sizes: np.ndarray, first: int, end:
     first_part = from_earlier if separate_last else sample_idx.shape[0] - 1
     shuffle_idx = build_shuffle_idx(first_part, sample_idx.shape[0] - 1, rng)
     for name, array in zip(MAPS, (doc_idx, sample_idx, shuffle_idx)):
-        _save_npy_atomic(paths[name], array)
+        save_npy_atomic(paths[name], array)
 
 
 def _load_maps(paths: dict[str, Path], num_samples: int) -> tuple[np.ndarray, ...] | None:
@@ -229,9 +231,10 @@ def _load_maps(paths: dict[str, Path], num_samples: int) -> tuple[np.ndarray, ..
 class GPTDataset(torch.utils.data.Dataset):
     """Megatron GPT samples of one split; item ``i`` is ``seq_length + 1`` int64 tokens.
 
-    ``len()`` is the samples of one pass over the split (``epoch_samples``); indices up to
-    ``num_samples`` (every epoch built) are valid. ``epoch_indices(e, n)`` says which ones epoch
-    ``e`` reads: the next ``n`` in order, as Megatron consumes its already shuffled index.
+    ``len()`` is the samples of one pass over the split (``epoch_samples``); ``num_samples`` is what
+    was asked for, and every sample of the epochs that takes (``built``) is valid, as in Megatron.
+    ``epoch_indices(e, n)`` says which ones epoch ``e`` reads: the next ``n`` in order, as Megatron
+    consumes its already shuffled index.
     """
 
     def __init__(self, data: IndexedDataset, paths: dict[str, Path], num_samples: int,
@@ -242,18 +245,21 @@ class GPTDataset(torch.utils.data.Dataset):
         self.epoch_samples = epoch_samples
         self.seq_length = seq_length
         self.doc_idx, self.sample_idx, self.shuffle_idx = maps
+        self.built = len(self.shuffle_idx)
 
     def __len__(self) -> int:
         return self.epoch_samples
 
     def epoch_indices(self, epoch: int, count: int) -> torch.Tensor:
-        """Indices of the ``count`` samples epoch ``epoch`` reads (1-D int64)."""
+        """Indices of the ``count`` samples epoch ``epoch`` reads (1-D int64): ``[epoch * count,
+        (epoch + 1) * count)``. A run of ``num_samples`` stops inside its last epoch, so indices past
+        the built samples are never trained on (only prefetched): they wrap to the start."""
         start = epoch * count
-        if start + count > self.num_samples:
-            raise UsageError(f"epoch {epoch} needs samples up to {start + count} but the index maps of "
-                             f"{self.data.prefix} hold {self.num_samples}; the run outgrew the maps it "
-                             "was started with (keep --epochs/--training-steps when resuming)")
-        return torch.arange(start, start + count)
+        if start >= self.built:
+            raise UsageError(f"epoch {epoch} starts at sample {start} but the index maps of {self.data.prefix} "
+                             f"hold {self.built}; the run outgrew the maps it was started with (keep "
+                             "--epochs/--training-steps/--train-samples when resuming)")
+        return torch.arange(start, start + count) % self.built
 
     def __getitem__(self, index: int) -> torch.Tensor:
         i = int(self.shuffle_idx[index])
@@ -281,17 +287,19 @@ class GPTDataset(torch.utils.data.Dataset):
             np.load(self.paths[m], mmap_mode="r", allow_pickle=False) for m in MAPS)
 
 
-def gpt_dataset(data: IndexedDataset, name: str, first: int, end: int, num_epochs: int,
-                seq_length: int, seed: int) -> GPTDataset | None:
-    """The samples of documents ``[first, end)`` for ``num_epochs`` passes, maps built or reused.
+def epoch_samples_of(data: IndexedDataset, first: int, end: int, seq_length: int) -> int:
+    """Samples of one pass over documents ``[first, end)`` (Megatron drops the last partial one)."""
+    return max(int(data.sizes[first:end].sum(dtype=np.int64)) - 1, 0) // seq_length
 
-    Returns None when the range holds fewer than ``seq_length + 1`` tokens (no sample).
-    """
-    tokens = int(data.sizes[first:end].sum(dtype=np.int64))
-    epoch_samples = max(tokens - 1, 0) // seq_length
+
+def gpt_dataset(data: IndexedDataset, name: str, first: int, end: int, num_samples: int | None,
+                seq_length: int, seed: int) -> GPTDataset | None:
+    """Megatron's GPTDataset of documents ``[first, end)`` asked for ``num_samples`` (None: one
+    epoch), maps built or reused. Returns None when the range holds no sample."""
+    epoch_samples = epoch_samples_of(data, first, end, seq_length)
     if epoch_samples == 0:
         return None
-    num_samples = num_epochs * epoch_samples
+    num_samples = epoch_samples if num_samples is None else num_samples
     paths = cache_paths(data.prefix, name, first, end, data.sizes, num_samples, seq_length, seed)
     maps = _load_maps(paths, num_samples)
     if maps is None:
@@ -310,42 +318,91 @@ def gpt_dataset(data: IndexedDataset, name: str, first: int, end: int, num_epoch
     return GPTDataset(data, paths, num_samples, epoch_samples, seq_length, maps)
 
 
-def epochs_needed(epoch_samples: int, req: DataRequest) -> int:
-    """Epochs of the training split the run will read (``--epochs``, or enough for ``--training-steps``)."""
-    if req.training_steps is None:
-        return max(req.epochs, 1)
-    steps_per_epoch = epoch_samples // req.samples_per_step
-    return max(1, math.ceil(req.training_steps / steps_per_epoch)) if steps_per_epoch else 1
+def blended_split(name: str, blend: Blend, ranges: dict[str, tuple[int, int]],
+                  corpora: dict[str, IndexedDataset], size: int | None, epochs: int, seq_length: int,
+                  seed: int) -> BlendedDataset | None:
+    """Megatron-Core's BlendedDataset of one split over several corpora (module doc of ``blend``).
+
+    ``size`` None: ``epochs`` passes over every corpus (bare prefixes, one pass: each sample once).
+    Corpora of a validation or test split without a sample are left out with a notice.
+    """
+    prefixes, weights = list(blend.prefixes), blend.weights
+    per_epoch = [epoch_samples_of(corpora[p], *ranges[p], seq_length) for p in prefixes]
+    empty = [p for p, n in zip(prefixes, per_epoch) if n == 0]
+    if empty and name == "train":
+        raise UsageError(f"{empty[0]}: its training split (documents [{ranges[empty[0]][0]}, "
+                         f"{ranges[empty[0]][1]})) holds less than one sample of --max-len {seq_length} + 1; "
+                         "add data, give train a larger --split share, lower --max-len or drop that corpus")
+    for p in empty if len(empty) < len(prefixes) else ():
+        log.notice(f"mmap {name}: {p} holds less than one {name} sample; left out of the {name} blend")
+    keep = [i for i, n in enumerate(per_epoch) if n > 0]
+    if not keep:
+        return None
+    prefixes, per_epoch = [prefixes[i] for i in keep], [per_epoch[i] for i in keep]
+    weights = None if weights is None else [weights[i] for i in keep]
+    total = sum(per_epoch)
+    if weights is None and (size is None and epochs == 1 or size is not None and size <= total):
+        # Bare prefixes: one epoch each, blended in proportion to their sizes (Megatron's case 3c/3d).
+        asked = [None] * len(prefixes)
+        order_weights = None if size is None else normalize(per_epoch)
+        size = total if size is None else size
+    else:
+        weights = normalize(per_epoch if weights is None else weights)
+        size = epochs * total if size is None else size
+        asked = corpus_sizes(weights, size, SURPLUS)
+        size = sum(corpus_sizes(weights, size))
+        order_weights = normalize(weights)  # BlendedDataset normalizes the builder's weights again
+    datasets = [gpt_dataset(corpora[p], name, *ranges[p], n, seq_length, seed) for p, n in zip(prefixes, asked)]
+    paths = blend_cache_paths(prefixes[0], name, order_weights, per_epoch, size)
+    arrays = load_blend_order(paths, order_weights, per_epoch, size)
+    shares = normalize(per_epoch) if weights is None else weights
+    result = BlendedDataset(datasets, prefixes, shares, paths, arrays, total)
+    result.log_summary(name)
+    return result
 
 
 def load(req: DataRequest) -> DatasetSplit:
-    """Reader for ``mmap``: the train and valid splits of ``--input-files PREFIX`` (see module doc).
+    """Reader for ``mmap``: train, valid and test splits of one blend split by ``--split``, or of one
+    blend per split (``--train-data-path`` ...). A bare single prefix is Megatron's plain GPTDataset.
 
     Raises:
-        UsageError: bad ``--input-files``/``--split``, a missing or corrupt file, token ids outside the
-            vocabulary, a training split too small for one sample, or an unwritable data folder.
+        UsageError: bad blend flags or ``--split``, a missing or corrupt file, token ids outside the
+            vocabulary, prefixes made with different tokenizers, a training split too small for one
+            sample, or an unwritable data folder.
     """
-    if len(req.input_files) != 1:
-        got = " ".join(req.input_files) or "nothing"
-        raise UsageError(f"--input-files must be one PREFIX (of PREFIX.bin and PREFIX.idx) for "
-                         f"--dataset mmap, got {got}")
-    prefix = req.input_files[0]
-    for suffix in (".bin", ".idx"):
-        prefix = prefix[: -len(suffix)] if prefix.endswith(suffix) else prefix
-    data = IndexedDataset(prefix, vocab_size=req.vocab_size)
-    bounds = split_boundaries(req.split, len(data))
-    seq = req.max_len
-    log.info(f"mmap {prefix}: {len(data)} documents, {data.num_tokens} tokens ({data.dtype}); --split "
-             f"{req.split}: " + ", ".join(f"{n} [{bounds[k]}, {bounds[k + 1]})" for k, n in enumerate(SPLIT_NAMES)))
-    first, end = bounds[0], bounds[1]
-    tokens = int(data.sizes[first:end].sum(dtype=np.int64))
-    if tokens <= seq:
-        raise UsageError(f"{prefix}: the training split (documents [{first}, {end}) of --split {req.split}) "
+    blends, per_split = split_blends(req)
+    prefixes = [p for b in blends if b is not None for p in b.prefixes]
+    corpora = open_corpora(prefixes, req.vocab_size, "--train-data-path" if per_split else "--input-files/--data-path")
+    seq, bounds = req.max_len, {}
+    for p, data in corpora.items():
+        bounds[p] = [0, len(data), len(data), len(data)] if per_split else split_boundaries(req.split, len(data))
+        where = "" if per_split else f"; --split {req.split}: " + ", ".join(
+            f"{n} [{bounds[p][k]}, {bounds[p][k + 1]})" for k, n in enumerate(SPLIT_NAMES))
+        log.info(f"mmap {p}: {len(data)} documents, {data.num_tokens} tokens ({data.dtype}){where}")
+    samples, epochs = train_target(req)
+    out: list[torch.utils.data.Dataset | None] = []
+    for k, name in enumerate(SPLIT_NAMES):
+        blend = blends[k]
+        if blend is None:
+            out.append(None)
+            continue
+        kk = 0 if per_split else k
+        ranges = {p: (bounds[p][kk], bounds[p][kk + 1]) for p in blend.prefixes}
+        size, passes = (samples, epochs) if name == "train" else (None, 1)
+        if len(blend.prefixes) == 1 and (per_split or blend.weights is None):
+            p = blend.prefixes[0]
+            asked = size if size is not None else passes * epoch_samples_of(corpora[p], *ranges[p], seq)
+            out.append(gpt_dataset(corpora[p], name, *ranges[p], asked or None, seq, req.seed))
+        else:
+            out.append(blended_split(name, blend, ranges, corpora, size, passes, seq, req.seed))
+    if out[0] is None:
+        p = blends[0].prefixes[0]
+        first, end = bounds[p][0], bounds[p][1]
+        tokens = int(corpora[p].sizes[first:end].sum(dtype=np.int64))
+        raise UsageError(f"{p}: the training split (documents [{first}, {end}) of --split {req.split}) "
                          f"holds {tokens} tokens, fewer than one sample of --max-len {seq} + 1 needs; "
                          "add data, give train a larger --split share or lower --max-len")
-    train = gpt_dataset(data, "train", first, end, epochs_needed((tokens - 1) // seq, req), seq, req.seed)
-    val = gpt_dataset(data, "valid", bounds[1], bounds[2], 1, seq, req.seed)
-    if val is None:
-        log.notice(f"mmap {prefix}: the valid split of --split {req.split} holds less than one sample; "
+    if out[1] is None:
+        log.notice(f"mmap: the valid split of --split {req.split} holds less than one sample; "
                    "no validation loss will be logged")
-    return DatasetSplit(train=train, val=val)
+    return DatasetSplit(train=out[0], val=out[1], test=out[2])

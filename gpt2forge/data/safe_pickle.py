@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import os
 import pickle
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,10 @@ def safe_load(path: str, recreate: str = "") -> Any:
                 f"file starts with {head!r}){hint}"
             )
         f.seek(0)
+        # A corrupt BYTEARRAY8 length makes CPython's unpickler fail allocating and then print
+        # "SystemError: deallocated bytearray object has exported buffers" through sys.excepthook
+        # on top of the error it raises: keep the user's output to our one line.
+        hook, sys.excepthook = sys.excepthook, lambda *_: None
         try:
             return _RestrictedUnpickler(f).load()
         except _Refused as exc:
@@ -117,3 +122,5 @@ def safe_load(path: str, recreate: str = "") -> Any:
             raise UsageError(
                 f"{path}: corrupt or truncated pickle ({type(exc).__name__}: {_one_line(exc)}){hint}"
             ) from None
+        finally:
+            sys.excepthook = hook

@@ -1,6 +1,7 @@
 """GPT-2 itself: the shape (`config`), the network (`gpt2`), its CPU attention dropout (`dropout`),
-checkpoint directories in Hugging Face's layout (`checkpoint`) and loading a trained model with its
-tokenizer (`pretrained`). The network knows nothing about devices, distribution or data.
+packed documents' ids and attention masks (`documents`), checkpoint directories in Hugging Face's
+layout (`checkpoint`) and loading a trained model with its tokenizer (`pretrained`). The network
+knows nothing about devices, distribution or data.
 
 May import: gpt2forge.core, gpt2forge.ops, gpt2forge.text.
 """

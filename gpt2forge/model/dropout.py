@@ -7,7 +7,9 @@ same function a block of query rows at a time (the flash-attention recurrence: b
 recomputes the probabilities from the saved log-sum-exp), skips the keys a causal row never sees
 (about half the matmul work at long T), and keeps only the bool masks and the row log-sum-exp
 between forward and backward. A sequence short enough for one chunk keeps its probabilities
-instead (recomputing them would cost more time than the memory is worth).
+instead (recomputing them would cost more time than the memory is worth). With packed documents
+(--reset-attention-mask) the mask is block-causal and a chunk also skips the keys before the
+earliest document start of its rows, so short documents cost less than one long one.
 """
 
 from __future__ import annotations
@@ -68,32 +70,55 @@ def _chunks(q: torch.Tensor) -> list[tuple[int, int]]:
     return [(t0, min(T, t0 + rows)) for t0 in range(0, T, rows)]
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, t0: int, t1: int, scale: float) -> torch.Tensor:
-    """Scaled causal scores of query rows t0..t1-1 against keys 0..t1-1, fp32 (B, H, t1-t0, t1)."""
-    s = torch.matmul(q[:, :, t0:t1], k[:, :, :t1].transpose(-2, -1)).float().mul_(scale)
+def _scores(q: torch.Tensor, k: torch.Tensor, t0: int, t1: int, scale: float, k0: int = 0,
+            documents: torch.Tensor | None = None) -> torch.Tensor:
+    """Scaled causal scores of query rows t0..t1-1 against keys k0..t1-1, fp32 (B, H, t1-t0, t1-k0);
+    with `documents` (B, T) document ids, keys of another document than the query's are -inf too."""
+    s = torch.matmul(q[:, :, t0:t1], k[:, :, k0:t1].transpose(-2, -1)).float().mul_(scale)
     n = t1 - t0
     if n > 1:  # row i (absolute t0 + i) sees keys <= t0 + i: mask the upper triangle of the last n columns
         upper = torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1)
-        s[..., t0:].masked_fill_(upper, float("-inf"))
+        s[..., t0 - k0:].masked_fill_(upper, float("-inf"))
+    if documents is not None:  # (B, 1, n, t1-k0): True where the key is in another document
+        other = documents[:, t0:t1, None] != documents[:, None, k0:t1]
+        s.masked_fill_(other.unsqueeze(1), float("-inf"))
     return s
+
+
+def _key_plan(chunks: list[tuple[int, int]], starts: torch.Tensor | None) -> list[tuple[int, bool]]:
+    """Per query chunk: the first key it needs, and whether it needs the document mask.
+
+    Without documents: (0, False). With them (`starts`: (B, T), each token's document start), the
+    first key is the lowest document start of the chunk's first row over the batch (the keys before
+    it are masked for every row: skipped), and the mask is needed unless every row's document
+    starts at or before that key (then all the chunk's keys up to each row are in its document:
+    causal alone is exact). Compiled: (0, True) for every chunk (static shapes, no host sync)."""
+    if starts is None:
+        return [(0, False)] * len(chunks)
+    if torch.compiler.is_compiling():
+        return [(0, True)] * len(chunks)
+    first = starts[:, [t0 for t0, _ in chunks]].amin(dim=0).tolist()
+    last = starts[:, [t1 - 1 for _, t1 in chunks]].amax(dim=0).tolist()
+    return [(k0, latest > k0) for k0, latest in zip(first, last)]
 
 
 class _CausalAttentionDropout(torch.autograd.Function):
     """softmax(q k^T * scale + causal) with dropout p, @ v; q, k, v (B, H, T, hd) of one dtype."""
 
     @staticmethod
-    def forward(ctx, q, k, v, p: float, scale: float):
+    def forward(ctx, q, k, v, p: float, scale: float, documents=None, starts=None):
         B, H, T, _ = q.shape
         inv_kept = 1.0 / kept_fraction(p)
         chunks = _chunks(q)
+        plan = _key_plan(chunks, starts)
         single = len(chunks) == 1
         out = torch.empty_like(q)
         # One chunk (short sequences): keep its probabilities for backward, as autograd would.
         # Several: keep the log-sum-exp per row (B, H, T) and recompute them chunk by chunk.
         lse = torch.empty(B, H, 0 if single else T, dtype=torch.float32, device=q.device)
         saved = []
-        for t0, t1 in chunks:
-            s = _scores(q, k, t0, t1, scale)
+        for (t0, t1), (k0, masked) in zip(chunks, plan):
+            s = _scores(q, k, t0, t1, scale, k0, documents if masked else None)
             if single:
                 probs = torch.softmax(s, dim=-1)  # (B, H, T, T)
                 saved.append(probs)
@@ -105,9 +130,10 @@ class _CausalAttentionDropout(torch.autograd.Function):
                 keep = dropout_keep_mask(dropped, p)
                 dropped.mul_(keep)
             saved.append(keep)
-            out[:, :, t0:t1] = torch.matmul(dropped.mul_(inv_kept).to(v.dtype), v[:, :, :t1])
-        ctx.p, ctx.scale, ctx.single = p, scale, single
-        ctx.save_for_backward(q, k, v, lse, *saved)
+            out[:, :, t0:t1] = torch.matmul(dropped.mul_(inv_kept).to(v.dtype), v[:, :, k0:t1])
+        ctx.p, ctx.scale, ctx.single, ctx.plan = p, scale, single, plan
+        ctx.has_documents = documents is not None
+        ctx.save_for_backward(q, k, v, lse, *([documents] if documents is not None else []), *saved)
         return out
 
     @staticmethod
@@ -118,38 +144,44 @@ class _CausalAttentionDropout(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad_out):
         q, k, v, lse, *saved = ctx.saved_tensors
+        documents = saved.pop(0) if ctx.has_documents else None
         inv_kept = 1.0 / kept_fraction(ctx.p)
         grad_out = grad_out.contiguous()
         dq = torch.empty_like(q)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for i, (t0, t1) in enumerate(_chunks(q)):
+        for i, ((t0, t1), (k0, masked)) in enumerate(zip(_chunks(q), ctx.plan)):
             g = grad_out[:, :, t0:t1]  # (B, H, n, hd)
             if ctx.single:
                 probs, keep = saved[0].clone(), saved[1]
             else:
                 keep = saved[i]
-                probs = _scores(q, k, t0, t1, ctx.scale).sub_(lse[:, :, t0:t1, None]).exp_()  # (B, H, n, t1)
-            scaled_keep = keep * inv_kept  # fp32 (B, H, n, t1): 0 or 1 / kept
-            dv[:, :, :t1] += torch.matmul((probs * scaled_keep).to(v.dtype).transpose(-2, -1), g).float()
-            dprobs = torch.matmul(g, v[:, :, :t1].transpose(-2, -1)).float().mul_(scaled_keep)
+                probs = _scores(q, k, t0, t1, ctx.scale, k0, documents if masked else None)
+                probs = probs.sub_(lse[:, :, t0:t1, None]).exp_()  # (B, H, n, t1 - k0)
+            scaled_keep = keep * inv_kept  # fp32 (B, H, n, t1 - k0): 0 or 1 / kept
+            dv[:, :, k0:t1] += torch.matmul((probs * scaled_keep).to(v.dtype).transpose(-2, -1), g).float()
+            dprobs = torch.matmul(g, v[:, :, k0:t1].transpose(-2, -1)).float().mul_(scaled_keep)
             del scaled_keep
             row_dot = (dprobs * probs).sum(dim=-1, keepdim=True)  # (B, H, n, 1)
             dscores = probs.mul_(dprobs.sub_(row_dot)).mul_(ctx.scale).to(q.dtype)  # softmax backward
             del dprobs
-            dq[:, :, t0:t1] = torch.matmul(dscores, k[:, :, :t1])
-            dk[:, :, :t1] += torch.matmul(dscores.transpose(-2, -1), q[:, :, t0:t1]).float()
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+            dq[:, :, t0:t1] = torch.matmul(dscores, k[:, :, k0:t1])
+            dk[:, :, k0:t1] += torch.matmul(dscores.transpose(-2, -1), q[:, :, t0:t1]).float()
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 def causal_attention_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float,
-                             scale: float) -> torch.Tensor:
+                             scale: float, documents: torch.Tensor | None = None,
+                             starts: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention with dropout p on the probabilities, in query chunks (see module docstring).
 
     q, k, v: (B, n_head, T, hd), one dtype (fp32, or bf16/fp16 under autocast: matmuls in that
     dtype, softmax in fp32). Returns (B, n_head, T, hd). Equals
     `dropout(softmax(q k^T * scale + causal mask)) @ v` with masks from `dropout_keep_mask`.
+    `documents` (B, T) document ids: block-causal instead (a query sees its own document only);
+    with `starts` (B, T), each token's document start, a query chunk skips the keys before the
+    lowest start of its rows (short documents: most of the causal triangle).
     """
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     with torch.autocast(q.device.type, enabled=False):  # the dtypes are chosen here, explicitly
-        return _CausalAttentionDropout.apply(q.to(dtype), k.to(dtype), v.to(dtype), p, scale)
+        return _CausalAttentionDropout.apply(q.to(dtype), k.to(dtype), v.to(dtype), p, scale, documents, starts)

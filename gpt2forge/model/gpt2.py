@@ -17,6 +17,13 @@ from torch import nn
 
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.model.config import ModelConfig
+from gpt2forge.model.documents import (
+    DocumentMask,
+    dense_document_mask,
+    document_mask,
+    flex_attention,
+    flex_available,
+)
 from gpt2forge.model.dropout import causal_attention_dropout, dropout
 from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss
 
@@ -70,17 +77,21 @@ class Attention(nn.Module):
             scale /= layer_idx + 1
         self.scale = scale
 
-    def forward(self, x: torch.Tensor, kv=None, last: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv=None, last: int | None = None,
+                documents: DocumentMask | None = None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). `kv` (inference only, see gpt2forge.generate.kv_cache) is one layer's
         preallocated cache: `kv.attend(q, k, v, scale)` stores this call's keys/values and returns the
         attention of q over all S cached ones (B, n_head, T, hd), under the cache's mask. `last`
-        (without kv): only the last `last` positions attend (over all T keys) -> (B, last, C)."""
+        (without kv): only the last `last` positions attend (over all T keys) -> (B, last, C).
+        `documents` (packed documents, without kv and last): a token attends within its document only."""
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.attn_pdrop if self.training else 0.0
         if kv is not None:
             y = kv.attend(q, k, v, self.scale)
+        elif documents is not None:
+            y = self._document_attention(q, k, v, documents, dropout_p)
         elif last is not None:
             q = q[:, :, T - last:]  # query i is position T - last + i: it sees keys 0 .. T - last + i
             causal = torch.ones(last, T, dtype=torch.bool, device=x.device).tril(T - last)
@@ -93,6 +104,19 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, n_head, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def _document_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: DocumentMask,
+                            dropout_p: float) -> torch.Tensor:
+        """Block-causal attention of q, k, v (B, n_head, T, hd) -> (B, n_head, T, hd): the chunked CPU
+        path when it applies dropout (it skips the keys before a chunk's documents), FlexAttention's
+        block mask where the model built one (CUDA, no dropout), else SDPA with the dense mask."""
+        if dropout_p > 0.0 and q.device.type == "cpu":
+            return causal_attention_dropout(q, k, v, dropout_p, self.scale, documents.ids, documents.starts)
+        if documents.block is not None and dropout_p == 0.0:
+            return flex_attention(q, k, v, documents.block, self.scale)
+        # The dense mask, built here if the model planned another path (its dropout was changed since).
+        mask = documents.dense if documents.dense is not None else dense_document_mask(documents.ids)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
 
 
 class MLP(nn.Module):
@@ -117,9 +141,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, kv=None, last: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C), or (B, last, C): the block's output for the last positions only."""
-        a = self.attn(self.ln_1(x), kv, last)
+    def forward(self, x: torch.Tensor, kv=None, last: int | None = None,
+                documents: DocumentMask | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C), or (B, last, C): the block's output for the last positions only.
+        `documents`: packed documents attend within themselves (see Attention.forward)."""
+        a = self.attn(self.ln_1(x), kv, last, documents)
         x = x if last is None else x[:, x.shape[1] - last:]
         x = x + a
         return x + self.mlp(self.ln_2(x))
@@ -142,26 +168,40 @@ class Transformer(nn.Module):
         self.drop = Dropout(cfg.embd_pdrop)
         self.h = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.n_layer)})
         self.ln_f: nn.LayerNorm | None = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.attn_pdrop = cfg.attn_pdrop
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None,
-                kv_cache=None, last: int | None = None) -> torch.Tensor:
+                kv_cache=None, last: int | None = None, document_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x: ids (B, T) int64, or hidden states (B, T, C) when `wte` is None -> hidden (B, T, C).
         position_ids (B, T) default 0..T-1 (used only with the embeddings); kv_cache (inference)
         holds one cache layer per block, indexed by layer (see Attention.forward). `last`
         (evaluation, no cache): the hidden states of the last `last` positions only, (B, last, C);
         the final block of `h` then computes its attention output and MLP for those rows alone (its
-        keys and values still span all T)."""
+        keys and values still span all T). document_ids (B, T) (packed documents, see
+        gpt2forge.model.documents): a token attends only to earlier tokens of its own document."""
         T = x.shape[1]
         if last is not None and not 0 < last <= T:
             raise ValueError(f"last={last}: expected 1 .. {T} positions")
+        documents = None
+        if document_ids is not None:
+            if kv_cache is not None or last is not None:
+                raise ValueError("document_ids apply to training and evaluation forwards (no kv_cache, no last)")
+            documents = self._document_mask(document_ids)
         if self.wte is not None:
             if position_ids is None:
                 position_ids = torch.arange(T, device=x.device)
             x = self.drop(self.wte(x) + self.wpe(position_ids))  # (B, T) ids -> (B, T, C)
         final = len(self.h) - 1
         for n, (i, block) in enumerate(self.h.items()):
-            x = block(x, None if kv_cache is None else kv_cache[int(i)], last if n == final else None)
+            x = block(x, None if kv_cache is None else kv_cache[int(i)], last if n == final else None, documents)
         return x if self.ln_f is None else self.ln_f(x)
+
+    def _document_mask(self, document_ids: torch.Tensor) -> DocumentMask:
+        """The mask every block shares: what its attention path needs (Attention._document_attention)."""
+        dropout = self.training and self.attn_pdrop > 0.0
+        chunked = dropout and document_ids.device.type == "cpu"
+        flex = document_ids.device.type == "cuda" and not dropout and flex_available()
+        return document_mask(document_ids, dense=not (chunked or flex), flex=flex)
 
 
 class LMLoss(NamedTuple):
@@ -211,15 +251,19 @@ class GPT2LMHeadModel(nn.Module):
         """(..., C) -> (..., padded_vocab) with the padded columns at -inf (never sampled or predicted)."""
         return mask_padded_vocab_(self.lm_head(hidden), self.config.vocab_size)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None):
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, document_ids: torch.Tensor | None = None):
         """input_ids (B, T) int64, or hidden states (B, T, C) when `transformer.wte` is None.
 
         Without labels: logits (B, T, padded_vocab), padded columns at -inf; the hidden states
         (B, T, C) when `lm_head` is None.
         With labels (B, T, IGNORE_INDEX where not scored): an `LMLoss` of sums over scored tokens
         (needs `lm_head`).
+        Packed documents (gpt2forge.model.documents.document_layout): position_ids (B, T) restart
+        in each document (default 0..T-1), document_ids (B, T) keep attention within each document
+        (default: one document per row, causal).
         """
-        hidden = self.transformer(input_ids)  # (B, T, C)
+        hidden = self.transformer(input_ids, position_ids, document_ids=document_ids)  # (B, T, C)
         if self.lm_head is None:
             if labels is not None:
                 raise ValueError("labels given to a model without lm_head: score its hidden states with head_loss")

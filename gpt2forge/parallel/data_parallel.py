@@ -15,7 +15,14 @@ from torch import nn
 from gpt2forge.core.runtime import maybe_compile
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import full_optimizer_state, full_tensor, wrap_data_parallel
-from gpt2forge.parallel.strategy import OptimizerPlacement, ParallelRequest, Strategy, loss_totals
+from gpt2forge.parallel.strategy import (
+    MicroBatch,
+    OptimizerPlacement,
+    ParallelRequest,
+    Strategy,
+    as_micro_batch,
+    loss_totals,
+)
 
 
 class DataParallel(Strategy):
@@ -47,14 +54,14 @@ class DataParallel(Strategy):
         no_sync = not sync and self.wrapped is not self.model
         return self.wrapped.no_sync() if no_sync else contextlib.nullcontext()
 
-    def forward_backward(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: torch.Tensor) -> torch.Tensor:
+    def forward_backward(self, micro_batches: list[MicroBatch], scale: torch.Tensor) -> torch.Tensor:
         totals = torch.zeros(3, device=self.device)
-        for i, (x, y) in enumerate(pairs):
+        for i, batch in enumerate(map(as_micro_batch, micro_batches)):
             if self.watchdog is not None:
                 self.watchdog.kick()
             # Gradients are all-reduced once per update, during the last micro-batch's backward.
-            with self._gradient_sync(i == len(pairs) - 1):
-                out = self.forward(x, y)
+            with self._gradient_sync(i == len(micro_batches) - 1):
+                out = self.forward(batch.inputs, batch.labels, **batch.model_kwargs())
                 (out.loss_sum * scale).backward()
             totals += loss_totals(out)
         return totals
@@ -70,8 +77,10 @@ class DataParallel(Strategy):
             total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
         return float(full_tensor(total))  # FSDP2: over all shards
 
-    def evaluate_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss_totals(self.model(x, y))  # eager: a compiled no-grad graph would cost a second compile
+    def evaluate_batch(self, x: torch.Tensor, y: torch.Tensor, position_ids: torch.Tensor | None = None,
+                       document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # Eager: a compiled no-grad graph would cost a second compile.
+        return loss_totals(self.model(x, y, position_ids, document_ids))
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
         return full_optimizer_state(optimizer, self.env)

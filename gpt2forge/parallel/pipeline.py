@@ -206,29 +206,33 @@ class Pipeline:
         embedding, counted there)."""
         return [p for n, p in self.module.named_parameters() if p.requires_grad and n not in self.aliases]
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    def step(self, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float, **ids: torch.Tensor) -> torch.Tensor:
         """Forward and backward of one update's micro-batches (x, y: (micro-batches * B, T), split
-        along dim 0). Returns (3,) loss sum, correct, tokens (non-zero on the last stage only)."""
-        totals = self._run(self.schedule.step, x, y, scale)
+        along dim 0). `ids` (position_ids, document_ids: (micro-batches * B, T), packed documents)
+        go to every stage's forward, split alike. Returns (3,) loss sum, correct, tokens (non-zero on
+        the last stage only)."""
+        totals = self._run(self.schedule.step, x, y, scale, ids)
         self._average_replicas()
         self._sum_tied_gradients()
         return totals
 
-    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Forward only, through the pipeline, of micro-batches * B rows; returns (3,) loss sum,
-        correct, tokens (non-zero on the last stage only)."""
-        return self._run(self.schedule.eval, x, y, 1.0)
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, **ids: torch.Tensor) -> torch.Tensor:
+        """Forward only, through the pipeline, of micro-batches * B rows (`ids` as in `step`);
+        returns (3,) loss sum, correct, tokens (non-zero on the last stage only)."""
+        return self._run(self.schedule.eval, x, y, 1.0, ids)
 
-    def _run(self, schedule_call, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
-        """One pass of the schedule (`step` or `eval`): stage 0 feeds x, the last stage scores y."""
+    def _run(self, schedule_call, x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor | float,
+             ids: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One pass of the schedule (`step` or `eval`): stage 0 feeds x, the last stage scores y,
+        every stage takes `ids` as keyword arguments (every rank holds the replica's whole batch)."""
         self.loss.scale = scale
         self.loss.records = []
         if self.grid.first:
-            schedule_call(x)
+            schedule_call(x, **ids)
         elif self.grid.last:
-            schedule_call(target=y)
+            schedule_call(target=y, **ids)
         else:
-            schedule_call()
+            schedule_call(**ids)
         # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
         real = self.loss.records[-self.micro_batches:]
         return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)

@@ -19,7 +19,7 @@ from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
 from gpt2forge.parallel.health import Watchdog
 from gpt2forge.parallel.pipeline import Grid, Pipeline, all_finite, clip_grad_norm
-from gpt2forge.parallel.strategy import OptimizerPlacement, ParallelRequest, Strategy
+from gpt2forge.parallel.strategy import MicroBatch, OptimizerPlacement, ParallelRequest, Strategy, as_micro_batch
 
 
 class Pipelined(Strategy):
@@ -49,6 +49,10 @@ class Pipelined(Strategy):
         return self.pipeline.grid.stages
 
     @property
+    def uniform_arguments(self) -> bool:
+        return True
+
+    @property
     def process_name(self) -> str:
         return f"rank {self.env.rank} (pipeline stage {self.pipeline.grid.stage})"
 
@@ -63,8 +67,11 @@ class Pipelined(Strategy):
                                   shard=self.zero == 1 and self.replica.world_size > 1,
                                   shard_group=self.pipeline.dp_group)
 
-    def forward_backward(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: torch.Tensor) -> torch.Tensor:
-        return self.pipeline.step(torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs]), scale)
+    def forward_backward(self, micro_batches: list[MicroBatch], scale: torch.Tensor) -> torch.Tensor:
+        batches = [as_micro_batch(b) for b in micro_batches]
+        ids = {name: torch.cat([b.model_kwargs()[name] for b in batches]) for name in batches[0].model_kwargs()}
+        return self.pipeline.step(torch.cat([b.inputs for b in batches]), torch.cat([b.labels for b in batches]),
+                                  scale, **ids)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.pipeline.parameters()
@@ -80,12 +87,15 @@ class Pipelined(Strategy):
     def evaluation_rows(self) -> int:
         return self.batch_size * self.pipeline.micro_batches
 
-    def evaluate_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # The schedule takes exactly its micro-batches: pad with unscored rows.
+    def evaluate_batch(self, x: torch.Tensor, y: torch.Tensor, position_ids: torch.Tensor | None = None,
+                       document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        # The schedule takes exactly its micro-batches: pad with unscored rows (one document each).
         short = self.evaluation_rows - x.shape[0]
         x = torch.cat([x, x.new_zeros(short, x.shape[1])])
         y = torch.cat([y, y.new_full((short, y.shape[1]), IGNORE_INDEX)])
-        return self.pipeline.evaluate(x, y)
+        ids = MicroBatch(x, y, position_ids, document_ids).model_kwargs()
+        ids = {name: torch.cat([t, t.new_zeros(short, t.shape[1])]) for name, t in ids.items()}
+        return self.pipeline.evaluate(x, y, **ids)
 
     def sum_evaluation(self, totals: torch.Tensor) -> torch.Tensor:
         return all_reduce_sum(totals)  # replicas' shares; the loss lives on the last stage

@@ -24,6 +24,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -78,6 +79,29 @@ class OptimizerPlacement:
     """The replicas' process group for `shard` (None: all ranks)."""
 
 
+class MicroBatch(NamedTuple):
+    """One micro-batch as the model takes it: a pair (inputs, labels) unpacks into one too."""
+
+    inputs: torch.Tensor
+    """(B, T) int64 token ids."""
+    labels: torch.Tensor
+    """(B, T) int64 next-token labels, IGNORE_INDEX where not scored."""
+    position_ids: torch.Tensor | None = None
+    """(B, T) positions restarting in each packed document (--reset-position-ids), or None: 0..T-1."""
+    document_ids: torch.Tensor | None = None
+    """(B, T) document index of each token (--reset-attention-mask), or None: one document per row."""
+
+    def model_kwargs(self) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments beyond (inputs, labels): the ids that are set."""
+        return {name: t for name, t in (("position_ids", self.position_ids), ("document_ids", self.document_ids))
+                if t is not None}
+
+
+def as_micro_batch(batch: MicroBatch | tuple[torch.Tensor, ...]) -> MicroBatch:
+    """A MicroBatch from a MicroBatch or a plain (inputs, labels[, position_ids, document_ids]) tuple."""
+    return batch if isinstance(batch, MicroBatch) else MicroBatch(*batch)
+
+
 def loss_totals(out: LMLoss) -> torch.Tensor:
     """(3,) fp32: loss sum, correct tokens, scored tokens (detached, for metrics)."""
     return torch.stack([out.loss_sum.detach().float(), out.correct.float(), out.tokens.float()])
@@ -109,6 +133,12 @@ class Strategy(abc.ABC):
         return 1
 
     @property
+    def uniform_arguments(self) -> bool:
+        """Whether every micro-batch of every update must carry the same model arguments (a pipeline
+        schedule's stages do): then packed-document ids are passed even where no row needs them."""
+        return False
+
+    @property
     def process_name(self) -> str:
         """This process in words, for the hang watchdog's report."""
         return f"rank {self.env.rank}"
@@ -122,11 +152,12 @@ class Strategy(abc.ABC):
         """What the optimizer updates and how (built after the strategy, over its parameters)."""
 
     @abc.abstractmethod
-    def forward_backward(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], scale: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one update's micro-batches ((inputs, labels), (B, T) each), the
-        summed loss multiplied by `scale` (loss scale x replicas / global scored tokens), gradients
-        averaged over the replicas when it returns. Returns this process's (3,) totals: loss sum,
-        correct, scored tokens (zeros where the process holds no loss, e.g. early pipeline stages)."""
+    def forward_backward(self, micro_batches: list[MicroBatch], scale: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one update's micro-batches (MicroBatch, or (inputs, labels) pairs;
+        (B, T) each), the summed loss multiplied by `scale` (loss scale x replicas / global scored
+        tokens), gradients averaged over the replicas when it returns. Returns this process's (3,)
+        totals: loss sum, correct, scored tokens (zeros where the process holds no loss, e.g. early
+        pipeline stages)."""
 
     @abc.abstractmethod
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -153,8 +184,10 @@ class Strategy(abc.ABC):
         return self.batch_size
 
     @abc.abstractmethod
-    def evaluate_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Forward only (no grad, dropout off) of up to `evaluation_rows` rows; (3,) totals."""
+    def evaluate_batch(self, x: torch.Tensor, y: torch.Tensor, position_ids: torch.Tensor | None = None,
+                       document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Forward only (no grad, dropout off) of up to `evaluation_rows` rows (ids as in MicroBatch);
+        (3,) totals."""
 
     def sum_evaluation(self, totals: torch.Tensor) -> torch.Tensor:
         """The job's evaluation totals from this process's (in place; a collective where the

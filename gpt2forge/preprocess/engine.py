@@ -52,12 +52,15 @@ class Chunk(NamedTuple):
 
 
 class Encoded(NamedTuple):
-    """One chunk tokenized: `tokens` is the documents' ids concatenated, `sizes` their lengths."""
+    """One chunk tokenized: `tokens` is the sequences' ids concatenated, `sizes` their lengths."""
 
     tokens: np.ndarray
     sizes: np.ndarray
-    skipped: int           # empty documents left out
+    skipped: int           # empty documents (no sequence) and blank lines
     nbytes: int
+    doc_sequences: np.ndarray | None = None
+    """Sequences of each document, in order (0: an empty text, kept as an empty document entry);
+    None: one sequence per document."""
 
 
 @dataclass
@@ -71,7 +74,7 @@ class Stats:
     start: float = field(default_factory=time.perf_counter)
 
     def add(self, enc: Encoded) -> None:
-        self.documents += len(enc.sizes)
+        self.documents += len(enc.sizes) if enc.doc_sequences is None else int(np.count_nonzero(enc.doc_sequences))
         self.tokens += int(enc.tokens.size)
         self.skipped += enc.skipped
         self.nbytes += enc.nbytes
@@ -95,13 +98,15 @@ def _init(spec: TokenizerSpec, job: dict) -> None:
     _JOB = job
 
 
-def _texts(chunk: Chunk, json_key: str | None, source: str) -> list[str]:
+def _texts(chunk: Chunk, json_key: str | None, source: str) -> list[str | list[str] | None]:
+    """Each record's text: a string, a list of sentences (a list-valued field, as Megatron's
+    `preprocess_data.py` reads it), or None for a blank line (no record)."""
     if json_key is None:
         return chunk.records
-    texts = []
+    texts: list[str | list[str] | None] = []
     for n, line in enumerate(chunk.records, start=chunk.first_line):
-        if not line.strip():  # a blank line is an empty document (left out, counted as skipped)
-            texts.append("")
+        if not line.strip():  # a blank line is no record (left out, counted as skipped)
+            texts.append(None)
             continue
         try:
             obj = json.loads(line)
@@ -111,21 +116,37 @@ def _texts(chunk: Chunk, json_key: str | None, source: str) -> list[str]:
         if not isinstance(obj, dict) or json_key not in obj:
             raise UsageError(f"{source}:{n}: no {json_key!r} field; pick the text field with "
                              f"--json-key") from None
-        texts.append(str(obj[json_key]))
+        value = obj[json_key]
+        if isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                raise UsageError(f"{source}:{n}: {json_key!r} is a list holding a non-string; a list "
+                                 "must hold the document's sentences as strings") from None
+            texts.append(value)
+        else:
+            texts.append(str(value))
     return texts
 
 
 def _encode(chunk: Chunk) -> Encoded:
-    """Tokenize one chunk in this process (worker side)."""
+    """Tokenize one chunk in this process (worker side), as Megatron's `Encoder.encode`: each sentence
+    of a document is one sequence (empty ones dropped), the end-of-document token ends the last, and
+    a document without tokens keeps its (empty) entry."""
     job, tok = _JOB, _TOKENIZER
-    ids = tok.encode_batch(_texts(chunk, job["json_key"], job["source"]), num_threads=1)
-    kept = [doc for doc in ids if doc]
-    if job["append_eod"]:
-        for doc in kept:
-            doc.append(tok.eot_id)
-    sizes = np.fromiter((len(d) for d in kept), dtype=np.int64, count=len(kept))
-    flat = np.fromiter(itertools.chain.from_iterable(kept), dtype=job["dtype"], count=int(sizes.sum()))
-    return Encoded(flat, sizes, len(ids) - len(kept), chunk.nbytes)
+    records = [r for r in _texts(chunk, job["json_key"], job["source"]) if r is not None]
+    blank = len(chunk.records) - len(records)
+    sentences = [r if isinstance(r, list) else [r] for r in records]
+    ids = iter(tok.encode_batch(list(itertools.chain.from_iterable(sentences)), num_threads=1))
+    seqs: list[list[int]] = []
+    per_doc = np.zeros(len(records), dtype=np.int64)
+    for i, doc in enumerate(sentences):
+        kept = [s for s in itertools.islice(ids, len(doc)) if s]
+        if kept and job["append_eod"]:
+            kept[-1].append(tok.eot_id)
+        seqs.extend(kept)
+        per_doc[i] = len(kept)
+    sizes = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=job["dtype"], count=int(sizes.sum()))
+    return Encoded(flat, sizes, blank + int((per_doc == 0).sum()), chunk.nbytes, per_doc)
 
 
 def chunk_records(records: Iterable[tuple[object, int]], chunk_docs: int = 1024,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from gpt2forge.core.atomic import fsync_path, write_atomic
-from gpt2forge.core.errors import UsageError
+from gpt2forge.core.errors import UsageError, naming
 
 KEY_FIELDS = ("url", "id")
 """Fields that name a document, first present wins; else its line number."""
@@ -128,12 +128,13 @@ def atomic_jsonl(path: str | Path) -> Iterator[JsonlWriter]:
         raise UsageError(f"{path}: the folder {path.parent} does not exist; create it first")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with naming(path), open(tmp, "w", encoding="utf-8") as f:
             yield JsonlWriter(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_path(path.parent)
+        with naming(path):
+            os.replace(tmp, path)
+            fsync_path(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -1,7 +1,9 @@
 """Loose JSON -> Megatron indexed dataset (`preprocess_data.py`), and merging datasets.
 
 Flags follow Megatron-LM's `tools/preprocess_data.py` so its README commands run unchanged;
-the output is `<output-prefix>_<json-key>_document.{bin,idx}`, one sequence per document.
+the output is `<output-prefix>_<json-key>_document.{bin,idx}`, as that tool writes it: one sequence
+per document, or per sentence when the text is a list of sentences; an empty text keeps its empty
+document entry.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def preprocess_data(args: argparse.Namespace) -> Stats | None:
         for enc in encode_chunks(chunks, spec, workers=args.workers, dtype=dtype,
                                  append_eod=args.append_eod, json_key=args.json_key,
                                  source=str(src)):
-            writer.add_documents_flat(enc.tokens, enc.sizes)
+            writer.add_documents_flat(enc.tokens, enc.sizes, enc.doc_sequences)
             stats.add(enc)
             bar.set_postfix(docs=stats.documents, tokens=stats.tokens, refresh=False)
     print(f"wrote {prefix}.bin/.idx ({dtype}, tokenizer {tok.name}, vocab {tok.vocab_size})")

@@ -14,6 +14,7 @@ interrupted run leaves no shard that has an index.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -154,12 +155,15 @@ def write_into_tfrecord(args: argparse.Namespace) -> int | None:
             w.close()
         _publish(tmps, finals)
         fsync_path(out)
-    except BaseException:
+    except BaseException as exc:
         for w in writers:
-            w.file.close()
+            with contextlib.suppress(OSError):  # closing flushes: on a full disk that fails again
+                w.file.close()
         for pair in tmps:
             for p in pair:
                 Path(p).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(out)) from None
         raise
     secs = time.perf_counter() - start
     print(f"wrote {args.num_output} shards + .index files to {out}: {records} records")

@@ -65,7 +65,10 @@ def load_config_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--config {path}: file not found")
-    text = p.read_text()
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     try:
         if p.suffix in (".yml", ".yaml"):
             import yaml
@@ -122,7 +125,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
 def _coerce_file_values(values: dict[str, Any]) -> None:
     """Values from a config file arrive as YAML/JSON types: apply the flags' types to them."""
     for _, f, hint in _section_fields():
-        if f.name not in values or values[f.name] is None:
+        if f.name not in values:
+            continue
+        if values[f.name] is None:
+            if f.default is not None:  # `key:` with no value in YAML, or null in JSON
+                raise UsageError(f"--{flag(f.name)}: no value given; give one or leave the key out")
             continue
         v = values[f.name]
         kind = f.metadata.get("kind")

@@ -89,8 +89,9 @@ class DataArgs:
     reset_attention_mask: bool = opt(False, "(new) a token attends only within its own document of a packed "
                                      "sample (block-causal mask; Megatron's)", kind="bool")
     """Block-diagonal causal attention over the documents of a sample."""
-    eod_mask_loss: bool = opt(False, "(new) no loss on end-of-document targets (Megatron's)", kind="bool")
-    """Mask the loss of targets that are the EOD token."""
+    eod_mask_loss: bool = opt(False, "(new) no loss where the input token is end-of-document, i.e. on the next "
+                              "document's first token (Megatron's)", kind="bool")
+    """Mask the loss at positions whose input token is the EOD token (Megatron's loss_mask)."""
     tokenizer_name_or_path: str | None = opt(None, "(new) local tokenizer folder the data was made with "
                                              "(data/train_tokenizer.py output: tokenizer.json, or vocab.json + "
                                              "merges.txt); a fresh model takes its vocab_size and checkpoints "

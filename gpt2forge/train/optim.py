@@ -15,13 +15,11 @@ bias. The two differ early in training only: the correction fades over ~1/(1-bet
 Weight decay applies to parameters with two or more dimensions only; biases and LayerNorm
 parameters are never decayed. There is no gradient clipping (the reference has none).
 
-The LR schedule is a multiplier of the peak LR per optimizer update, stepped once after every
-update, so the first update runs at the step-0 multiplier (0 when there is warm-up).
+LR schedules live in `gpt2forge.train.schedule` (re-exported here).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
@@ -30,9 +28,12 @@ import torch
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.parallel.optimizer_state import param_groups
+from gpt2forge.train.schedule import SCHEDULES, build_lr_schedule, resolve_warmup_steps
+
+__all__ = ["OPTIMIZERS", "SCHEDULES", "Lamb", "OffloadedOptimizer", "build_lr_schedule", "build_optimizer",
+           "param_groups", "resolve_warmup_steps"]
 
 OPTIMIZERS = ("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection")
-SCHEDULES = ("constant", "linear", "cosine")
 
 # Device types with fused Adam/AdamW kernels in torch 2.x; anything else uses foreach.
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
@@ -350,73 +351,3 @@ class Lamb(torch.optim.Optimizer):
         ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
         torch._foreach_mul_(updates, list(ratio.to(params[0].dtype).unbind(0)))
         torch._foreach_add_(params, updates, alpha=-group["lr"])
-
-
-# ---------------------------------------------------------------------------------------------
-# Learning-rate schedules
-# ---------------------------------------------------------------------------------------------
-
-
-def resolve_warmup_steps(total_steps: int, warmup_fraction: float, warmup_steps: int | None) -> int:
-    """Number of warm-up updates: `--lr-warmup-steps` if given, else `int(--lr-warmup * total)`.
-
-    Args:
-        total_steps: schedule length in optimizer updates (`--lr-decay-steps` or its default).
-        warmup_fraction: `--lr-warmup`, a fraction in [0, 1].
-        warmup_steps: `--lr-warmup-steps`, in [0, total_steps], or None.
-
-    Raises:
-        UsageError: either value out of range.
-    """
-    if not 0.0 <= warmup_fraction <= 1.0:
-        raise UsageError(f"--lr-warmup {warmup_fraction} is not a fraction; pass a value in [0, 1]")
-    if warmup_steps is None:
-        return int(warmup_fraction * total_steps)
-    if not 0 <= warmup_steps <= total_steps:
-        raise UsageError(
-            f"--lr-warmup-steps {warmup_steps} is outside [0, {total_steps}] (the schedule length); "
-            "pass a smaller value or raise --lr-decay-steps"
-        )
-    return int(warmup_steps)
-
-
-def _lr_multiplier(step: int, *, schedule: str, warmup: int, total: int) -> float:
-    """Peak-LR multiplier for 0-based update `step` (same values as Hugging Face's schedules)."""
-    if step < warmup:
-        return float(step) / float(max(1, warmup))
-    if schedule == "constant":
-        return 1.0
-    if schedule == "linear":
-        return max(0.0, float(total - step) / float(max(1, total - warmup)))
-    # cosine: half a cosine period from 1 down to 0 over the decay phase (num_cycles = 0.5).
-    progress = float(step - warmup) / float(max(1, total - warmup))
-    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * 0.5 * progress)))
-
-
-def build_lr_schedule(
-    optimizer: torch.optim.Optimizer, schedule: str, total_steps: int, warmup_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """LR schedule for `--lr-schedule`; call `scheduler.step()` once after every update.
-
-    Multiplier of the peak LR at 0-based update u (W = warmup_steps, N = total_steps):
-        warm-up (all schedules), u < W:  u / max(1, W)
-        constant:  1                                   (the reference ignored warm-up: fixed)
-        linear:    max(0, (N - u) / max(1, N - W))
-        cosine:    max(0, 0.5 * (1 + cos(pi * p))),  p = (u - W) / max(1, N - W)
-    These equal transformers' get_{constant,linear,cosine}_schedule_with_warmup.
-
-    Raises:
-        UsageError: unknown schedule (`--lr-schedule`), total_steps < 1 (`--lr-decay-steps`),
-            warmup_steps outside [0, total_steps] (`--lr-warmup-steps`).
-    """
-    if schedule not in SCHEDULES:
-        raise UsageError(f"--lr-schedule {schedule} is not supported; choose one of {', '.join(SCHEDULES)}")
-    if total_steps < 1:
-        raise UsageError(f"--lr-decay-steps {total_steps} must be >= 1; pass a positive number of updates")
-    if not 0 <= warmup_steps <= total_steps:
-        raise UsageError(
-            f"--lr-warmup-steps {warmup_steps} is outside [0, {total_steps}]; pass a value in that range"
-        )
-    # A partial (not a lambda) so LambdaLR.state_dict() can record it.
-    fn = functools.partial(_lr_multiplier, schedule=schedule, warmup=warmup_steps, total=total_steps)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)

@@ -1,18 +1,31 @@
-"""A run's state beyond the weights: progress, checkpoints written and resumed under any layout,
-and the whole model gathered on rank 0 from pipeline stages or FSDP shards."""
+"""A run's state beyond the weights: progress, checkpoints written and resumed under any layout
+(their names, what a fine-tune records of its parent, a failed save agreed by every rank), and the
+whole model gathered on rank 0 from pipeline stages or FSDP shards."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import random
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from gpt2forge.core import log
+from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
-from gpt2forge.model.checkpoint import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
+from gpt2forge.model.checkpoint import (
+    LINEAGE,
+    WEIGHT_FILES,
+    latest_checkpoint,
+    load_training_state,
+    prune_checkpoints,
+    resolve_checkpoint_dir,
+    save_checkpoint,
+)
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.health import wait_for_rank0
 from gpt2forge.text.tokenizer import tokenizer_files
@@ -73,46 +86,110 @@ def restore_rng_state(state: dict[str, Any], device: torch.device, seed: int, st
         torch.manual_seed(seed + 1_000_003 * rank + step)
 
 
-def save(run: Run, progress: Progress, name: str, metrics: dict[str, float]) -> None:
+def save(run: Run, progress: Progress, names: str | tuple[str, ...], metrics: dict[str, float]) -> None:
     """The one place checkpoints are written (rank 0; every rank joins the gathering of pipeline
-    stages and ZeRO shards)."""
+    stages and ZeRO shards). `names`: the directory's name, then names linked to it (`epoch_N`).
+    A save that fails raises UsageError on every rank, after rank 0 has removed what it began."""
+    names = (names,) if isinstance(names, str) else tuple(names)
     model, optimizer_state = run.strategy.checkpoint_state(run.optimizer)
     rngs = gather_rng_states(run.device)
-    if not run.dist_env.is_main:
-        wait_for_rank0()  # until rank 0 has written it
-        return
-    state = {
-        "progress": dataclasses.asdict(progress),
-        "optimizer": optimizer_state,
-        "lr_scheduler": run.scheduler.state_dict(),
-        "loss_scaler": run.scaler.state_dict(),
-        "rng": rngs[0],
-        "rng_ranks": rngs,
-        "metrics": metrics,
-    }
-    path = save_checkpoint(run.cfg.checkpoint.checkpoint_output_dir, name, model, state, run.cfg.to_dict(),
-                           extra_files=checkpoint_tokenizer_files(run.model.config.vocab_size,
-                                                       run.cfg.data.tokenizer_name_or_path))
-    log.info(f"saved checkpoint {path}")
-    if run.cfg.checkpoint.keep_checkpoints:
-        for old in prune_checkpoints(run.cfg.checkpoint.checkpoint_output_dir, run.cfg.checkpoint.keep_checkpoints):
-            log.info(f"removed checkpoint {old} (--keep-checkpoints {run.cfg.checkpoint.keep_checkpoints})")
-    wait_for_rank0()
+    error = None
+    if run.dist_env.is_main:
+        state = {
+            "progress": dataclasses.asdict(progress),
+            "optimizer": optimizer_state,
+            "lr_scheduler": run.scheduler.state_dict(),
+            "loss_scaler": run.scaler.state_dict(),
+            "rng": rngs[0],
+            "rng_ranks": rngs,
+            "metrics": metrics,
+        }
+        try:
+            _write(run.cfg, model, state, names)
+        except UsageError as exc:
+            error = str(exc)
+    wait_for_rank0()  # until rank 0 has written it
+    error = _from_rank0(error)
+    if error is not None:
+        raise UsageError(error if run.dist_env.is_main else "rank 0 could not save the checkpoint; its error says why")
+
+
+def _write(cfg: TrainConfig, model: GPT2LMHeadModel, state: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Rank 0's part of `save`: the checkpoint directory, its links, and pruning."""
+    ckpt = cfg.checkpoint
+    try:
+        lineage = run_lineage(ckpt.checkpoint_input_dir, ckpt.resume_training_from_checkpoint)
+    except (UsageError, OSError) as exc:  # the parent went away during the run: save without the record
+        log.notice(f"the checkpoints do not record their parent: {exc}")
+        lineage = None
+    path = save_checkpoint(ckpt.checkpoint_output_dir, names[0], model, state, cfg.to_dict(),
+                           extra_files=checkpoint_tokenizer_files(model.config.vocab_size,
+                                                                  cfg.data.tokenizer_name_or_path),
+                           aliases=names[1:], extra_json={LINEAGE: lineage} if lineage else None)
+    log.info(f"saved checkpoint {path}" + "".join(f" (also {path.parent / n})" for n in names[1:]))
+    if ckpt.keep_checkpoints:
+        for old in prune_checkpoints(ckpt.checkpoint_output_dir, ckpt.keep_checkpoints):
+            log.info(f"removed checkpoint {old} (--keep-checkpoints {ckpt.keep_checkpoints})")
+
+
+def _from_rank0(value: str | None) -> str | None:
+    """Rank 0's `value` on every rank (a collective when distributed)."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def run_lineage(input_dir: str, resuming: bool) -> dict[str, Any] | None:
+    """What the run's checkpoints record about where its weights came from (lineage.json): for a
+    run started from --checkpoint-input-dir without resuming (a fine-tune), the parent's path and
+    the sha256 of its weight files (and the parent's own lineage); a resumed run keeps the
+    lineage of the checkpoint it continues; None for a run from scratch."""
+    if not input_dir:
+        return None
+    ckpt = resolve_checkpoint_dir(input_dir)
+    if resuming:
+        return _read_lineage(ckpt)
+    files = tuple((f, (ckpt / f).stat().st_mtime_ns) for f in WEIGHT_FILES if (ckpt / f).is_file())
+    parent: dict[str, Any] = {"path": str(ckpt.resolve()), "weights_sha256": _weights_sha256(ckpt, files)}
+    if (grandparent := _read_lineage(ckpt)) is not None:
+        parent["lineage"] = grandparent
+    return {"parent": parent}
+
+
+@functools.lru_cache(maxsize=4)
+def _weights_sha256(ckpt: Path, files: tuple[tuple[str, int], ...]) -> dict[str, str]:
+    """File name -> sha256 (hashed once per run, at its first save; `files` carries the mtimes)."""
+    return {name: file_sha256(ckpt / name) for name, _ in files}
+
+
+def _read_lineage(ckpt: Path) -> dict[str, Any] | None:
+    path = ckpt / LINEAGE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        log.notice(f"{path}: unreadable, so the new checkpoints do not record this run's parent")
+        return None
 
 
 def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
     """--auto-resume: resume from the latest checkpoint in --checkpoint-output-dir when there is one
-    (a requeued or restarted job); otherwise the run starts as its other flags say."""
+    (a requeued or restarted job); otherwise the run starts as its other flags say. Either way a
+    --checkpoint-input-dir root is pinned to the checkpoint its `latest` names now, so the run's
+    record of its start (train_config.json, lineage.json) does not move with later saves."""
     ckpt = cfg.checkpoint
-    if not ckpt.auto_resume:
-        return cfg
-    latest = latest_checkpoint(ckpt.checkpoint_output_dir)
-    if latest is None:
+    if ckpt.auto_resume and (latest := latest_checkpoint(ckpt.checkpoint_output_dir)) is not None:
+        log.info(f"auto-resume: continuing from {latest}")
+        return cfg.replace(checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
+    if ckpt.auto_resume:
         log.info(f"auto-resume: no checkpoint in {ckpt.checkpoint_output_dir} yet; starting "
                  + (f"from {ckpt.checkpoint_input_dir}" if ckpt.checkpoint_input_dir else "a new run"))
-        return cfg
-    log.info(f"auto-resume: continuing from {latest}")
-    return cfg.replace(checkpoint_input_dir=str(latest), resume_training_from_checkpoint=True)
+    if ckpt.checkpoint_input_dir and not (Path(ckpt.checkpoint_input_dir) / "config.json").is_file():
+        return cfg.replace(checkpoint_input_dir=str(resolve_checkpoint_dir(ckpt.checkpoint_input_dir)))
+    return cfg
 
 
 def checkpoint_tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:
@@ -126,15 +203,22 @@ def checkpoint_tokenizer_files(vocab_size: int, tokenizer_path: str | None = Non
     return files
 
 
-def checkpoint_name(cfg: CheckpointArgs, progress: Progress, epoch_done: bool, last: bool) -> str | None:
-    """The checkpoint to write after this host step (`epoch_N`, `step_N`), or None for no save."""
+def checkpoint_name(cfg: CheckpointArgs, progress: Progress, epoch_done: bool, last: bool,
+                    stopping: bool = False) -> tuple[str, ...]:
+    """The names of the checkpoint to write after this host step: `step_N` when --save-per-steps
+    falls here or the run stops on a signal, `epoch_N` at a --save-per-epochs end, `step_N` at the
+    end of training when nothing else applies; the first is the directory, the others link to it.
+    () for no save."""
     if not cfg.checkpoint_output_dir:
-        return None
+        return ()
+    names = []
+    if stopping or (cfg.save_per_steps and progress.step % cfg.save_per_steps == 0):
+        names.append(f"step_{progress.step}")
     if epoch_done and progress.epoch % cfg.save_per_epochs == 0:
-        return f"epoch_{progress.epoch}"
-    if cfg.save_per_steps and progress.step % cfg.save_per_steps == 0:
-        return f"step_{progress.step}"
-    return f"step_{progress.step}" if last else None
+        names.append(f"epoch_{progress.epoch}")
+    if last and not names:
+        names.append(f"step_{progress.step}")
+    return tuple(names)
 
 
 def resume(run: Run, ckpt_dir, progress: Progress) -> None:

@@ -14,14 +14,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import RunError
+from gpt2forge.core.errors import RunError, UsageError
 from gpt2forge.core.runtime import LossScaler, autocast
 from gpt2forge.data import IGNORE_INDEX, ShardedStream, collate, split_batch
 from gpt2forge.evaluation.quick import QuickEval
+from gpt2forge.model.config import ModelConfig
+from gpt2forge.model.documents import document_layout, eod_masked_labels
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
 from gpt2forge.parallel.health import Watchdog
-from gpt2forge.parallel.strategy import Strategy
+from gpt2forge.parallel.strategy import MicroBatch, Strategy
+from gpt2forge.text.tokenizer import load_tokenizer
 from gpt2forge.train.config import TrainConfig
 
 
@@ -41,6 +44,12 @@ class Run:
     watchdog: Watchdog | None = None  # several processes: exits with a stack dump when training stalls
     nonfinite_in_a_row: int = 0  # updates skipped for non-finite gradients since the last good one
     grad_norm: float = 0.0  # the last update's global gradient norm (before clipping)
+    eod: int | None = dataclasses.field(default=None, init=False)
+    """The end-of-document id when a packed-document flag is on (--reset-position-ids,
+    --reset-attention-mask, --eod-mask-loss), else None."""
+
+    def __post_init__(self) -> None:
+        self.eod = document_eod(self.cfg, self.strategy.model.config)
 
     @property
     def model(self) -> GPT2LMHeadModel:
@@ -58,14 +67,51 @@ class Run:
         return self.strategy.replica
 
 
+def document_eod(cfg: TrainConfig, model_config: ModelConfig) -> int | None:
+    """The end-of-document id the packed-document flags split on: the --tokenizer-name-or-path
+    tokenizer's, else the model's `eos_token_id` (GPT-2: 50256); None when no such flag is on.
+
+    Raises UsageError when the tokenizer has no end-of-document token."""
+    data = cfg.data
+    if not (data.reset_position_ids or data.reset_attention_mask or data.eod_mask_loss):
+        return None
+    flags = "--reset-position-ids/--reset-attention-mask/--eod-mask-loss"
+    eod = model_config.eos_token_id
+    if data.tokenizer_name_or_path:
+        eod = load_tokenizer(data.tokenizer_name_or_path).eot_id
+        if eod is None:
+            raise UsageError(f"{flags}: the tokenizer at {data.tokenizer_name_or_path} has no end-of-document token "
+                             "(<|endoftext|>, </s>, <eos>); use a tokenizer with one, or drop these flags")
+    if not 0 <= eod < model_config.vocab_size:
+        log.notice(f"{flags}: the end-of-document id {eod} is outside the vocabulary "
+                   f"(0..{model_config.vocab_size - 1}): no sample will be split into documents (set eos_token_id "
+                   "in the model config, or --tokenizer-name-or-path)")
+    return eod
+
+
+def micro_batch(run: Run, batch: torch.Tensor) -> MicroBatch:
+    """A batch of items ((B, max_len+1), or (B, 2, max_len+1) with a loss mask) as the model takes it:
+    inputs and labels, with the packed-document flags applied (positions and document ids from the
+    EOD tokens, EOD inputs unscored)."""
+    x, y = split_batch(batch)
+    if run.eod is None:
+        return MicroBatch(x, y)
+    data = run.cfg.data
+    if data.eod_mask_loss:
+        y = eod_masked_labels(x, y, run.eod)
+    layout = document_layout(x, run.eod, data.reset_position_ids, data.reset_attention_mask,
+                             always=run.strategy.uniform_arguments)
+    return MicroBatch(x, y, *layout)
+
+
 def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     """One optimizer update over `micro_batches` ((B, max_len+1) each).
 
     The loss is the mean over every scored token of the update (micro-batches weighted by their
     token counts, so padding does not skew it). Returns a (3,) tensor: loss sum, correct, tokens.
     """
-    pairs = [split_batch(b) for b in micro_batches]
-    tokens = torch.stack([(y != IGNORE_INDEX).sum() for _, y in pairs]).sum().float()
+    pairs = [micro_batch(run, b) for b in micro_batches]
+    tokens = torch.stack([(b.labels != IGNORE_INDEX).sum() for b in pairs]).sum().float()
     # Over all processes (a replica's pipeline stages hold the same batch); DDP averages gradients over
     # the replicas, so replicas / global tokens gives sum / global tokens.
     denom = (all_reduce_sum(tokens) / run.strategy.processes_per_replica).clamp(min=1)
@@ -117,9 +163,9 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
     elif env.enabled:  # each replica scores its share
         dataset = torch.utils.data.Subset(dataset, range(env.rank, len(dataset), env.world_size))
     for batch in DataLoader(dataset, batch_size=run.strategy.evaluation_rows, collate_fn=collate):
-        x, y = split_batch(batch.to(run.device))
+        x, y, position_ids, document_ids = micro_batch(run, batch.to(run.device))
         with autocast(run.device, run.precision):
-            totals += run.strategy.evaluate_batch(x, y)
+            totals += run.strategy.evaluate_batch(x, y, position_ids, document_ids)
     run.strategy.set_training(True)
     run.strategy.sum_evaluation(totals)
     loss = float(totals[0] / totals[2].clamp(min=1))

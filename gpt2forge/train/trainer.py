@@ -48,7 +48,9 @@ from gpt2forge.train.memory import apply_memory_features, offload_optimizer, pea
 from gpt2forge.train.metrics import StepMeter, device_peak
 from gpt2forge.train.model_setup import build_model, maybe_sample, resolve_model_config
 from gpt2forge.train.observe import RunMonitor
-from gpt2forge.train.optim import build_lr_schedule, build_optimizer, resolve_warmup_steps
+from gpt2forge.train.optim import build_lr_schedule, build_optimizer
+from gpt2forge.train.schedule import build_run_schedule
+from gpt2forge.train.signals import ExitRequested, agreed_signal, exit_notice, exit_signals
 from gpt2forge.train.state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
 from gpt2forge.train.step import Run, evaluate, train_step
 
@@ -105,6 +107,15 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         raise UsageError(str(exc).rstrip().splitlines()[-1].split("UsageError: ", 1)[-1]) from None
 
 
+def blend_shares(dataset: Dataset, consumed: int) -> str:
+    """``", shares: A 0.700 B 0.300"``: each corpus's share of the first `consumed` samples of a
+    blended dataset (``realized_shares``, by file name); "" for any other dataset."""
+    shares = getattr(dataset, "realized_shares", None)
+    if shares is None:
+        return ""
+    return ", shares: " + " ".join(f"{name.rsplit('/', 1)[-1]} {share:.3f}" for name, share in shares(consumed).items())
+
+
 def steps_from_length(cfg: TrainConfig, samples_per_step: int) -> int | None:
     """Host steps of the run when its length is given in steps or samples (--training-steps, else
     --train-samples rounded up to whole steps); None when it is given in epochs."""
@@ -152,7 +163,11 @@ def run_training(cfg: TrainConfig) -> int:
     accumulation = report_layout(layout, cfg.parallel, cfg.data.async_dataloader)
     init_process_group(env, device)
     try:
-        return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation)
+        with exit_signals(cfg.checkpoint.exit_signal_handler):  # SIGTERM/SIGUSR1: save and stop after a step
+            return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation)
+    except ExitRequested as stopped:
+        log.info(str(stopped))
+        return 0
     finally:
         shutdown()
 
@@ -191,9 +206,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     log.info(f"Data loaded in {time.perf_counter() - t0:.2f} secs")
 
     total_updates = total_steps * cfg.parallel.device_iterations
-    decay = cfg.optim.lr_decay_steps or total_updates
-    warmup = resolve_warmup_steps(decay, cfg.optim.lr_warmup, cfg.optim.lr_warmup_steps)
-    scheduler = build_lr_schedule(optimizer, cfg.optim.lr_schedule, decay, warmup)
+    # Megatron's units: a schedule in samples advances by the global batch (samples per update) per update.
+    samples_per_update = samples_per_step // cfg.parallel.device_iterations
+    scheduler = build_run_schedule(optimizer, cfg.optim, total_updates, samples_per_update)
     run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, accumulation)
     if env.enabled:
         run.watchdog = Watchdog(strategy.process_name)
@@ -306,14 +321,16 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
                          f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}, "
                          f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%, "
-                         f"grad norm: {run.grad_norm:.4g}")
+                         f"grad norm: {run.grad_norm:.4g}"
+                         f"{blend_shares(data.train, progress.step * cfg.samples_per_step)}")
             monitor.step({"step": progress.step, "epoch": epoch, "tokens": progress.step * cfg.tokens_per_step,
                           "loss": loss, "acc": acc, "lr": lr, "grad_norm": run.grad_norm,
                           "loss_scale": run.scaler.scale, "samples_per_sec": samples_s,
                           "tokens_per_sec": tokens_s, "tokens_per_sec_per_process": tokens_s / run.dist_env.world_size,
                           "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct})
             every = cfg.eval.eval_every_steps
-            eval_now = epoch_done or last or bool(every and progress.step % every == 0)
+            stop = None if last else agreed_signal(run.device)  # an exit signal on any rank (a collective)
+            eval_now = not stop and (epoch_done or last or bool(every and progress.step % every == 0))
             if progress.step == 1:
                 run.strategy.report_peak_memory(peak_gib)
             with _paused(run):
@@ -328,12 +345,14 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                         quick = run.quick_eval.run(whole, run.precision)  # rank 0 alone
                         log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
                     wait_for_rank0()
-                name = checkpoint_name(cfg.checkpoint, progress, epoch_done, last)
+                name = checkpoint_name(cfg.checkpoint, progress, epoch_done, last, stopping=stop is not None)
                 if name:
                     metrics = {"loss": loss, "acc": acc}
                     if last_val:
                         metrics.update(val_loss=last_val[0], val_perplexity=last_val[1])
                     save(run, progress, name, metrics)
+            if stop:
+                raise ExitRequested(exit_notice(stop, progress.step, cfg.checkpoint.checkpoint_output_dir, name))
             if last or epoch_done:
                 break
 

@@ -143,7 +143,8 @@ def test_build_sample_idx_falls_back_with_notice(monkeypatch, tmp_path, capfd):
 @pytest.mark.parametrize("split,size,expected", [
     ("949,50,1", 1000, [0, 949, 999, 1000]),
     ("969,30,1", 10, [0, 10, 10, 10]),
-    ("1,1,1", 10, [0, 4, 7, 10]),
+    ("1,1,1", 10, [0, 3, 7, 10]),  # Megatron-Core rounds the running total (Megatron-LM's old formula: 4)
+    ("949,50,1", 250, [0, 237, 250, 250]),  # the old formula: [0, 238, 250, 250]
     ("95/5", 7, [0, 7, 7, 7]),
     ("80,20", 50, [0, 40, 50, 50]),
 ])
@@ -201,13 +202,19 @@ def test_mmap_items_equal_direct_computation(tmp_path):
     assert torch.equal(train.epoch_indices(1, 5), torch.arange(5, 10))
 
 
-def test_mmap_training_steps_decide_epochs(tmp_path):
+def test_mmap_training_steps_decide_samples(tmp_path):
     prefix = write_mmap(tmp_path / "c", corpus())
     one = load_datasets(request("mmap", prefix, split="1,0,0")).train
     steps_per_epoch = len(one) // 4
-    more = load_datasets(request("mmap", prefix, split="1,0,0", samples_per_step=4,
-                                 training_steps=2 * steps_per_epoch + 1)).train
-    assert more.num_samples == 3 * len(one)
+    steps = 2 * steps_per_epoch + 1
+    more = load_datasets(request("mmap", prefix, split="1,0,0", samples_per_step=4, training_steps=steps)).train
+    # Megatron-LM asks for the samples the run consumes (train_iters x global batch), not whole epochs;
+    # the epochs they span are built whole (3 here) and every sample read stays inside them.
+    tokens = sum(len(d) for d in corpus())
+    assert more.num_samples == 4 * steps and more.built == (3 * tokens - 1) // 16
+    assert torch.equal(more.epoch_indices(2, 4 * steps_per_epoch)[-1], torch.tensor(12 * steps_per_epoch - 1))
+    same = load_datasets(request("mmap", prefix, split="1,0,0", samples_per_step=4, train_samples=4 * steps)).train
+    assert same.paths == more.paths
     assert load_datasets(request("mmap", prefix, split="1,0,0")).val is None
 
 
@@ -254,8 +261,8 @@ def test_mmap_errors(tmp_path):
     prefix = write_mmap(tmp_path / "c", corpus())
     with pytest.raises(UsageError, match="not found"):
         load_datasets(request("mmap", str(tmp_path / "nope")))
-    with pytest.raises(UsageError, match="one PREFIX"):
-        load_datasets(request("mmap", (prefix, prefix)))
+    with pytest.raises(UsageError, match="--input-files/--data-path: weight -1 is negative"):
+        load_datasets(request("mmap", ("-1", prefix, "2", prefix)))
     with pytest.raises(UsageError, match="fewer than one sample"):
         load_datasets(request("mmap", prefix, max_len=5000))
     Path(prefix + ".bin").write_bytes(Path(prefix + ".bin").read_bytes()[:-2])

@@ -35,7 +35,7 @@ needs_vocab = pytest.mark.skipif(
 DOCS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
     "Ünïcödé text: naïve café, Привет мир, 日本語.",
-    "",  # empty documents are left out, as Megatron leaves them out
+    "",  # an empty text: no sequence, but its (empty) document entry stays, as Megatron's add_document
     "Short.",
     "A longer document that goes on for a while, with numbers 1, 22, 333 and punctuation!? " * 8,
 ]
@@ -189,7 +189,7 @@ def test_merge_concatenates(tmp_path):
         "--datasets", f"{tmp_path}/a_text_document", f"{tmp_path}/b_text_document",
         "--output-prefix", str(out)]))
     a, m = IndexedDataset(tmp_path / "a_text_document"), IndexedDataset(out)
-    assert len(m) == 2 * len(a) and m.doc_idx.tolist() == list(range(2 * len(a) + 1))
+    assert len(m) == 2 * len(a) and m.doc_idx.tolist() == a.doc_idx.tolist() + [len(a) + d for d in a.doc_idx[1:]]
     assert [m[i].tolist() for i in range(len(m))] == [a[i].tolist() for i in range(len(a))] * 2
 
 
@@ -341,7 +341,8 @@ def test_seed_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
     _script("python data/preprocess_data.py --input my-corpus.json --output-prefix my-gpt2 "
             "--vocab gpt2-vocab.json --dataset-impl mmap --tokenizer-type GPT2BPETokenizer "
             "--merge-file gpt2-merges.txt --append-eod --workers 8", tmp_path, monkeypatch, capsys)
-    assert IndexedDataset(tmp_path / "my-gpt2_text_document", vocab_size=50257).num_documents == 4
+    made = IndexedDataset(tmp_path / "my-gpt2_text_document", vocab_size=50257)
+    assert made.num_documents == len(DOCS) and len(made) == 4  # the empty text keeps its document entry
     for part in ("p1", "p2"):
         for ext in (".bin", ".idx"):
             shutil.copy(tmp_path / f"my-gpt2_text_document{ext}",
