@@ -144,8 +144,8 @@ def load_weights(model: GPT2LMHeadModel, ckpt_dir: Path) -> None:
     except pickle.UnpicklingError as exc:
         raise UsageError(f"{path}: not a weights file ({_refused_part(exc)}); it was not loaded and nothing in it "
                          "ran; re-save the model with save_pretrained") from None
-    except (SafetensorError, OSError, RuntimeError, EOFError) as exc:
-        raise UsageError(f"{path}: cannot read weights ({exc}); the file is damaged, re-save it") from None
+    except Exception as exc:  # noqa: BLE001 -- SafetensorError, OSError, and torch.load's many failure types
+        raise UsageError(f"{path}: cannot read weights ({_one_line(exc)}); the file is damaged, re-save it") from None
     ours = from_hf_state_dict(sd, model.config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(ours))
@@ -318,8 +318,8 @@ def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise UsageError(not_ours.format(_refused_part(exc))) from None
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise UsageError(f"{path}: cannot read training state ({type(exc).__name__}); "
+    except Exception as exc:  # noqa: BLE001 -- a damaged file fails in many ways inside torch.load
+        raise UsageError(f"{path}: cannot read training state ({type(exc).__name__}: damaged or truncated); "
                          "resume from an earlier checkpoint") from None
     if not isinstance(state, dict) or "progress" not in state:
         held = f"keys {sorted(map(str, state))[:4]}" if isinstance(state, dict) else type(state).__name__
