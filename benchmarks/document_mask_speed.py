@@ -59,12 +59,14 @@ def step_seconds(model: GPT2LMHeadModel, optimizer: torch.optim.Optimizer, batch
     return time.perf_counter() - start
 
 
-def warn_if_loaded() -> None:
+def warn_if_loaded(own_threads: int = 0) -> None:
+    """Print the load average; warn when work other than this run's `own_threads` shares the cores."""
     load = os.getloadavg()[0]
     cores = os.cpu_count() or 1
-    print(f"load average (1 min): {load:.2f} on {cores} cores")
-    if load > 0.5 * cores:
-        print(f"WARNING: load {load:.2f} > half of {cores} cores: other work shares the CPU, the ratio is unreliable")
+    print(f"load average (1 min): {load:.2f} on {cores} cores ({own_threads} of it this run's own threads)")
+    if load - own_threads > 0.5 * cores:
+        print(f"WARNING: load {load:.2f} > this run's {own_threads} threads + half of {cores} cores: other work "
+              "shares the CPU, the ratio is unreliable")
 
 
 def main() -> int:
@@ -103,7 +105,7 @@ def main() -> int:
         plain, masked = (B * T / statistics.median(times[k]) for k in (False, True))
         print(f"mean document length {mean_len:.0f} ({docs} documents in {B} rows): causal {plain:.0f} tokens/s, "
               f"--reset-attention-mask {masked:.0f} tokens/s, ratio {masked / plain:.3f}")
-    warn_if_loaded()
+    warn_if_loaded(torch.get_num_threads())
     return 0
 
 

@@ -211,8 +211,9 @@ def _encode(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tokenize_pieces(pieces: list[Piece], tokenizer: str | None, job: dict, workers: int):
-    """``(tokens, sizes)`` of each piece, in order, on ``workers`` processes (<= 1: this process)."""
-    if workers <= 1:
+    """``(tokens, sizes)`` of each piece, in order, on ``workers`` processes (0: this process; 1: one
+    worker, so reading and writing here overlap its tokenizing, as preprocess_data.py's pool does)."""
+    if workers <= 0:
         _init(tokenizer, job)
         yield from map(_encode, pieces)
         return
@@ -241,7 +242,8 @@ def write_build(prefix: Path, files: list[Path], dataset: str, req: DataRequest,
                          "(data/train_tokenizer.py adds <|endoftext|>)")
     dtype = best_dtype(tok.vocab_size)
     nbytes = sum(f.stat().st_size for f in files)
-    workers = workers or (1 if nbytes < PARALLEL_BYTES else min(default_workers(), len(pieces)))
+    if workers is None:
+        workers = 0 if nbytes < PARALLEL_BYTES else min(default_workers(), len(pieces))
     job = {"dataset": dataset, "json_key": req.json_key, "completion": completion, "dtype": dtype.str}
     log.info(f"{dataset}: tokenizing {len(files)} file(s), {nbytes / 1e6:.1f} MB, on {workers} process(es) "
              f"into {prefix} (tokenizer {tok.name})")
