@@ -91,8 +91,15 @@ def test_sigterm_saves_step_n_exits_0_and_the_requeued_job_continues(tiny_config
 def test_sigint_still_interrupts_at_once_and_sigusr1_stops_without_a_checkpoint_dir(tiny_config, tmp_path, capsys,
                                                                                     monkeypatch):
     out = tmp_path / "o"
-    signal_at_update(monkeypatch, 2, signal.SIGINT)
-    assert train_main(base_args(tiny_config, out, "--save-per-steps", "1")) == 130
+    # Python's own Ctrl-C handler, whatever this process inherited (a job started in the background
+    # by a non-interactive shell inherits SIGINT ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        signal_at_update(monkeypatch, 2, signal.SIGINT)
+        code = train_main(base_args(tiny_config, out, "--save-per-steps", "1"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130
     assert "interrupted" in capsys.readouterr().err
     assert not (out / "step_2").exists()  # Ctrl-C: no exit checkpoint, as before
 
