@@ -334,17 +334,8 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
             if progress.step == 1:
                 run.strategy.report_peak_memory(peak_gib)
             with _paused(run):
-                if data.val is not None and eval_now:
-                    last_val = evaluate(run, data.val)
-                    log.info(f"validation after step {progress.step}: loss {last_val[0]:.4f}, "
-                             f"perplexity {last_val[1]:.2f}, tokens {last_val[2]}")
-                    monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
-                                        "val_loss": last_val[0], "val_perplexity": last_val[1]})
-                if run.quick_eval is not None and eval_now:
-                    if (whole := whole_model(run)) is not None:
-                        quick = run.quick_eval.run(whole, run.precision)  # rank 0 alone
-                        log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
-                    wait_for_rank0()
+                if eval_now:
+                    last_val = _evaluate(run, data, progress, monitor) or last_val
                 name = checkpoint_name(cfg.checkpoint, progress, epoch_done, last, stopping=stop is not None)
                 if name:
                     metrics = {"loss": loss, "acc": acc}
@@ -355,6 +346,23 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 raise ExitRequested(exit_notice(stop, progress.step, cfg.checkpoint.checkpoint_output_dir, name))
             if last or epoch_done:
                 break
+
+
+def _evaluate(run: Run, data, progress: Progress, monitor: RunMonitor) -> tuple[float, float, int] | None:
+    """The validation loss (logged and recorded; None without a validation set), then the quick
+    zero-shot figures when asked (rank 0 alone, the other ranks wait)."""
+    val = None
+    if data.val is not None:
+        val = evaluate(run, data.val)
+        log.info(f"validation after step {progress.step}: loss {val[0]:.4f}, perplexity {val[1]:.2f}, tokens {val[2]}")
+        monitor.validation({"step": progress.step, "tokens": progress.step * run.cfg.tokens_per_step,
+                            "val_loss": val[0], "val_perplexity": val[1]})
+    if run.quick_eval is not None:
+        if (whole := whole_model(run)) is not None:
+            quick = run.quick_eval.run(whole, run.precision)
+            log.info(f"zero-shot after step {progress.step}: {run.quick_eval.describe(quick)}")
+        wait_for_rank0()
+    return val
 
 
 def _compile_only(cfg: TrainConfig, strategy: Strategy, optimizer: torch.optim.Optimizer, scaler: LossScaler,
