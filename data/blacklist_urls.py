@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt2forge.core.atomic import write_atomic  # noqa: E402
 from gpt2forge.core.errors import cli_main  # noqa: E402
+from gpt2forge.preprocess.jsonl import already_complete  # noqa: E402
 from gpt2forge.preprocess.urls import filter_urls  # noqa: E402
 
 
@@ -34,8 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if Path(args.output).exists() and not args.overwrite:
-        print(f"{args.output} exists (written atomically, so complete); skipping (pass --overwrite to redo)")
+    if already_complete(args.output, args.overwrite):
         return 0
     kept, removed = filter_urls(Path(args.input))
     write_atomic(args.output, "".join(u + "\n" for u in kept))

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt2forge.core.errors import cli_main  # noqa: E402
 from gpt2forge.preprocess.decontaminate import DecontaminateConfig, decontaminate_file  # noqa: E402
+from gpt2forge.preprocess.jsonl import already_complete  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if Path(args.output).exists() and not args.overwrite:
-        print(f"{args.output} exists (written atomically, so complete); skipping (pass --overwrite to redo)")
+    if already_complete(args.output, args.overwrite):
         return 0
     cfg = DecontaminateConfig(ngram=args.ngram, mode=args.mode, margin=args.margin,
                               min_piece_chars=args.min_piece_chars, max_splits=args.max_splits)

@@ -26,9 +26,9 @@ from pathlib import Path
 import ftfy
 from tqdm import tqdm
 
-from gpt2forge.core.errors import UsageError
+from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.preprocess.engine import TokenizerSpec, ordered_map
-from gpt2forge.preprocess.jsonl import atomic_json, atomic_jsonl, read_documents
+from gpt2forge.preprocess.jsonl import already_complete, atomic_json, atomic_jsonl, read_documents
 from gpt2forge.preprocess.langid import LanguageIdentifier
 from gpt2forge.text.tokenizer import worker_environment
 
@@ -89,8 +89,7 @@ class CleanConfig:
             errors.append("--min-tokens and --min-chars must be >= 0")
         if self.javascript_under < 0 or self.lang_under < 0:
             errors.append("--javascript-under and --lang-under must be >= 0")
-        if errors:
-            raise UsageError("; ".join(errors))
+        collect(errors)
 
 
 def quality_rule(text: str, cfg: CleanConfig) -> str:
@@ -296,8 +295,7 @@ def run_clean(input_path: str, output_path: str, args: argparse.Namespace,
               filtered_path: str | Path | None = None) -> CleanSummary | None:
     """Clean one file as the command line asks (removed records to `filtered_path` when given); None
     when the output exists and --overwrite is off."""
-    if Path(output_path).exists() and not args.overwrite:
-        print(f"{output_path} exists (written atomically, so complete); skipping (pass --overwrite to redo)")
+    if already_complete(output_path, args.overwrite):
         return None
     summary = clean_file(input_path, output_path, config_from_args(args), workers=args.workers,
                          text_key=args.text_key, skip_bad_lines=args.skip_bad_lines, filtered_path=filtered_path)

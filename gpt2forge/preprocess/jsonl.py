@@ -139,6 +139,15 @@ def atomic_jsonl(path: str | Path) -> Iterator[JsonlWriter]:
         tmp.unlink(missing_ok=True)
 
 
+def already_complete(path: str | Path, overwrite: bool) -> bool:
+    """True (after saying so) when `path` exists and --overwrite is off: outputs are written
+    atomically, so one that exists is complete and the work can be skipped."""
+    if Path(path).exists() and not overwrite:
+        print(f"{path} exists (written atomically, so complete); skipping (pass --overwrite to redo)")
+        return True
+    return False
+
+
 def atomic_json(path: str | Path, obj: object) -> None:
     """Write one JSON document (a manifest, duplicate pairs, groups) atomically."""
     write_atomic(path, json.dumps(obj, ensure_ascii=False, indent=1) + "\n")

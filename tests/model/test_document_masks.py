@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from test_model import ours  # non-trivial biases and LayerNorms
 
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.model import dropout as dropout_module
@@ -29,16 +30,6 @@ def tiny(**kw) -> ModelConfig:
                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, eos_token_id=EOD)
     base.update(kw)
     return ModelConfig(**base)
-
-
-def ours(cfg: ModelConfig, seed: int = 0) -> GPT2LMHeadModel:
-    m = GPT2LMHeadModel(cfg)
-    m.init_weights(torch.Generator().manual_seed(seed))
-    with torch.no_grad():  # non-trivial biases and LayerNorms, so layout mistakes show up
-        for name, p in m.named_parameters():
-            if p.ndim == 1:
-                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
-    return m.eval()
 
 
 def packed_text(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
