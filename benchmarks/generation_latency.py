@@ -19,7 +19,14 @@ The floor is what memory bandwidth allows at batch 1: every weight byte is read 
 (weights bytes / read bandwidth). Bandwidth is measured in the same run, STREAM-like, over buffers
 far larger than the caches, with 1 thread and with all (the best kept), at the start and again at
 the end of the run: a read (sum of a 1 GiB fp32 buffer) and a triad (a = b + 3c over three 256 MiB
-buffers, 3 x 256 MiB moved). The decode target is ours at batch 1 within 1.1x the floor.
+buffers, 3 x 256 MiB moved). The decode target is ours at batch 1 within 1.1x the floor. bf16
+weights are half the bytes, so bf16 rows also print their time against the fp32 floor (going below
+it is the point), with an accuracy check against fp32 greedy decoding of the same weights: the
+length of the identical greedy prefix, and the bf16 argmax agreement and largest log-probability
+difference when both score the fp32 greedy sequence (teacher-forced). The check runs on trained
+weights when `--accuracy-model DIR` names a checkpoint (default: `checkpoints/mini`, what `make
+train` writes, when present), else on the random GPT-2 small weights, whose near-flat predictions
+make argmax agreement a harsh test.
 
     .venv/bin/python benchmarks/generation_latency.py            # fp32 + bf16, batch 1 and 8
     .venv/bin/python benchmarks/generation_latency.py --quick    # fp32, batch 1, 32 tokens, 1 round
@@ -28,6 +35,7 @@ buffers, 3 x 256 MiB moved). The decode target is ours at batch 1 within 1.1x th
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -44,6 +52,9 @@ from gpt2forge.generate.sampling import SamplingConfig  # noqa: E402
 from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
 from gpt2forge.model.config import ModelConfig  # noqa: E402
 from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
+from gpt2forge.model.pretrained import load_pretrained  # noqa: E402
+
+DEFAULT_ACCURACY_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "mini"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TARGETS = {"ms_per_token": {"fp32": 25.0, "bf16": 14.0}, "speedup_b1": 2.4, "speedup_b8": 2.0, "floor_ratio": 1.1}
@@ -64,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="thread counts transformers runs with: torch's default, the one ours picked, or both "
                         "(the faster is the baseline)")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--accuracy-model", default=None,
+                   help="checkpoint whose fp32 and bf16 greedy decodes are compared (default: checkpoints/mini when "
+                        "present, else the random --model weights; `random` for those)")
     p.add_argument("--json", metavar="PATH", help="also write the numbers to this JSON file")
     args = p.parse_args(argv)
     if args.quick:
@@ -98,11 +112,49 @@ def bandwidth_gbs(device: torch.device) -> dict[str, float]:
     return {"read": x.numel() * 4 / best["read"] / 1e9, "triad": 3 * a.numel() * 4 / best["triad"] / 1e9}
 
 
-def weight_bytes(model: GPT2LMHeadModel) -> int:
-    """Bytes read per decode step: every parameter once (tied head once), one wpe row."""
+def weight_bytes(model: GPT2LMHeadModel, element_size: int | None = None) -> int:
+    """Bytes read per decode step: every parameter once (tied head once), one wpe row; with
+    `element_size`, as if every weight had that many bytes."""
     params = {p.data_ptr(): p for p in model.parameters()}.values()
     wpe = model.transformer.wpe.weight
-    return sum(p.numel() * p.element_size() for p in params) - wpe.numel() * wpe.element_size()
+    return sum(p.numel() * (element_size or p.element_size()) for p in params) - \
+        wpe.numel() * (element_size or wpe.element_size())
+
+
+@torch.no_grad()
+def bf16_accuracy(model: GPT2LMHeadModel, prompt: list[int], n: int) -> dict:
+    """bf16 decoding of `model`'s weights against fp32 decoding of the same weights (greedy, batch 1).
+
+    Returns the identical greedy prefix (tokens, of n), and with both models scoring the fp32
+    greedy continuation (teacher-forced): the share of positions whose bf16 argmax is the fp32
+    token and the largest |log p_fp32 - log p_bf16| of that token.
+    """
+    fp32 = copy.deepcopy(model).float().eval()
+    bf16 = copy.deepcopy(model).to(torch.bfloat16).eval()
+    greedy = SamplingConfig(greedy=True)
+    ref = Generator(fp32, 1, len(prompt) + n).generate([prompt], n, greedy).tokens[0]
+    low = Generator(bf16, 1, len(prompt) + n).generate([prompt], n, greedy).tokens[0]
+    prefix = next((i for i, (a, b) in enumerate(zip(ref, low)) if a != b), min(len(ref), len(low)))
+    seq = torch.tensor([prompt + ref])
+    target = torch.tensor(ref)
+    scored = slice(len(prompt) - 1, seq.shape[1] - 1)  # the positions that predict ref
+    logp32 = torch.log_softmax(fp32(seq)[0, scored].float(), dim=-1)
+    logp16 = torch.log_softmax(bf16(seq)[0, scored].float(), dim=-1)
+    rows = torch.arange(len(ref))
+    return {"tokens": len(ref), "identical_greedy_prefix": prefix,
+            "teacher_forced_top1_agreement": round(float((logp16.argmax(-1) == target).float().mean()), 4),
+            "max_abs_logprob_diff": round(float((logp32[rows, target] - logp16[rows, target]).abs().max()), 4)}
+
+
+def accuracy_model(args, cfg: ModelConfig) -> tuple[GPT2LMHeadModel, str]:
+    """The weights of the bf16 accuracy check, and a phrase naming them."""
+    path = Path(args.accuracy_model) if args.accuracy_model else DEFAULT_ACCURACY_MODEL
+    if args.accuracy_model != "random" and (args.accuracy_model or DEFAULT_ACCURACY_MODEL.exists()):
+        model, _ = load_pretrained(path)
+        return model, f"trained weights of {path}"
+    model = GPT2LMHeadModel(cfg)
+    model.init_weights(torch.Generator().manual_seed(0))
+    return model.eval(), f"random {args.model} weights (no checkpoint: run `make train` for trained ones)"
 
 
 def build(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
@@ -155,7 +207,7 @@ def measure(args, precision: str, B: int, device: torch.device) -> dict:
             print(f"  {precision} B={B} {name}: {N} tokens in {full:.2f} s, 1 token in {one:.2f} s",
                   file=sys.stderr, flush=True)
     out = {"precision": precision, "batch": B, "compile_s": round(compile_s, 1), "ours_threads": gen.threads,
-           "weights_MB": round(weight_bytes(ours) / 1e6, 1)}
+           "weights_MB": round(weight_bytes(ours) / 1e6, 1), "weights_MB_fp32": round(weight_bytes(ours, 4) / 1e6, 1)}
     for name, rs in rounds.items():
         full = statistics.median(r[0] for r in rs)
         per_token = statistics.median((r[0] - r[1]) / (N - 1) for r in rs)
@@ -189,6 +241,7 @@ def main(argv=None) -> int:
             r["speedup_throughput"] = round(o["new_tokens_per_s"] / h["new_tokens_per_s"], 2)
             r["floor_ms_per_token"] = round(r["weights_MB"] / 1e3 / bw * 1e3, 2)
             r["floor_ratio"] = round(o["ms_per_token"] / r["floor_ms_per_token"], 2)
+            r["fp32_floor_ratio"] = round(o["ms_per_token"] / (r["weights_MB_fp32"] / 1e3 / bw * 1e3), 2)
             results.append(r)
             print(f"{precision} B={B}: ours {o['ms_per_token']} ms/token, {o['new_tokens_per_s']} new tokens/s "
                   f"({r['ours_threads']} thread(s)) | transformers {h['ms_per_token']} ms/token, "
@@ -203,17 +256,32 @@ def main(argv=None) -> int:
                 print(f"  ours / floor: {r['floor_ratio']}x (target <= {TARGETS['floor_ratio']}x: "
                       f"{'met' if r['floor_ratio'] <= TARGETS['floor_ratio'] else 'MISSED'}); "
                       f"transformers / ours: {r['speedup_latency']}x")
+                if precision != "fp32":
+                    met = r["fp32_floor_ratio"] <= TARGETS["floor_ratio"]
+                    print(f"  ours / the fp32 weights' floor: {r['fp32_floor_ratio']}x (target <= "
+                          f"{TARGETS['floor_ratio']}x: {'met' if met else 'MISSED'})")
                 target = TARGETS["ms_per_token"][precision]
                 met = o["ms_per_token"] <= target and r["speedup_latency"] >= TARGETS["speedup_b1"]
                 print(f"  target <= {target} ms/token and >= {TARGETS['speedup_b1']}x: {'met' if met else 'MISSED'}")
             else:
                 print(f"  target >= {TARGETS['speedup_b8']}x new tokens/s: "
                       f"{'met' if r['speedup_throughput'] >= TARGETS['speedup_b8'] else 'MISSED'}")
+    accuracy = None
+    if "bf16" in args.precisions:
+        model, source = accuracy_model(args, ModelConfig.preset(args.model))
+        prompt = torch.randint(0, model.config.vocab_size, (args.prompt_len,),
+                               generator=torch.Generator().manual_seed(1)).tolist()
+        accuracy = {"weights": source, **bf16_accuracy(model, prompt, args.new_tokens)}
+        print(f"bf16 against fp32 greedy decoding ({source}): identical for {accuracy['identical_greedy_prefix']} of "
+              f"{accuracy['tokens']} tokens; teacher-forced on the fp32 tokens: bf16 argmax agrees at "
+              f"{accuracy['teacher_forced_top1_agreement']:.1%} of positions, largest log-probability difference "
+              f"{accuracy['max_abs_logprob_diff']}")
     end = bandwidth_gbs(device)
     print(f"bandwidth at the end: read {end['read']:.1f} GB/s, triad {end['triad']:.1f} GB/s (floors above use "
           f"the start's read; with the end's they would be {start['read'] / end['read']:.2f}x as long)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"bandwidth_GBs": {"start": start, "end": end}, "results": results},
+        Path(args.json).write_text(json.dumps({"bandwidth_GBs": {"start": start, "end": end}, "results": results,
+                                               "bf16_accuracy": accuracy},
                                               indent=2) + "\n")
     return 0
 

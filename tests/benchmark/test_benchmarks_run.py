@@ -49,3 +49,11 @@ def test_generation_latency_prints_the_floor_ratio():
     out = run(["benchmarks/generation_latency.py", "--model", "gpt2-test", "--quick", "--no-compile",
                "--prompt-len", "8", "--new-tokens", "4", "--hf-threads", "ours"])
     assert "ours / floor:" in out and "triad" in out and "bandwidth at the end" in out
+
+
+def test_generation_latency_checks_bf16_against_fp32_greedy():
+    out = run(["benchmarks/generation_latency.py", "--model", "gpt2-test", "--precisions", "fp32,bf16", "--batch-sizes",
+               "1", "--rounds", "1", "--no-compile", "--prompt-len", "8", "--new-tokens", "6", "--hf-threads", "ours",
+               "--accuracy-model", "random"])
+    assert "ours / the fp32 weights' floor:" in out
+    assert "bf16 against fp32 greedy decoding (random gpt2-test weights" in out and "identical for" in out
