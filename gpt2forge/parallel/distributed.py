@@ -2,7 +2,8 @@
 
 Launch with torchrun where the reference used PopRun: each process is one data-parallel replica
 (`--replication-factor`), NCCL on GPUs, gloo on CPUs. Without torchrun (no WORLD_SIZE in the
-environment) everything here is a no-op and the run is single-process.
+environment) everything here is a no-op and the run is single-process, except one-process ZeRO-3
+with `--offload full`, whose FSDP2 runs over a world of one (`init_single_process_group`).
 
 Same math as one process: every update averages the gradient over all scored tokens of the global
 batch. Each replica scales its summed loss by world_size / (global scored tokens), and DDP's mean
@@ -127,13 +128,48 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, env: DistEnv) -> dict
     return optimizer.state_dict()
 
 
-def resolve_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool, env: DistEnv) -> int:
-    """--zero-stage, defaulting to 1 with --replicated-tensor-sharding; 0 in one process (with a notice)."""
-    stage = zero_stage if zero_stage is not None else (1 if replicated_tensor_sharding else 0)
-    if stage and not env.enabled:
-        log.notice(f"ZeRO stage {stage}: one process, nothing to shard (launch replicas with torchrun)")
+def requested_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool, offload: str = "none") -> int:
+    """--zero-stage, defaulting to 3 with --offload full, else to 1 with --replicated-tensor-sharding,
+    else 0. Raises UsageError for --offload full below ZeRO-2 (only FSDP2 streams parameters)."""
+    if zero_stage is None:
+        return 3 if offload == "full" else (1 if replicated_tensor_sharding else 0)
+    if offload == "full" and zero_stage < 2:
+        raise UsageError(f"--offload full streams parameters through FSDP2 and needs --zero-stage 2 or 3, not "
+                         f"--zero-stage {zero_stage}; drop --zero-stage (full offload implies 3) or use "
+                         "--offload optimizer")
+    return zero_stage
+
+
+def resolve_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool, env: DistEnv,
+                       offload: str = "none") -> int:
+    """The ZeRO stage that runs (see `requested_zero_stage`). One process shards nothing: its stage is
+    0 (with a notice), except with --offload full, where FSDP2 over a world of one streams every
+    block's parameters between host and device."""
+    stage = requested_zero_stage(zero_stage, replicated_tensor_sharding, offload)
+    if stage and not env.enabled and offload != "full":
+        log.notice(f"ZeRO stage {stage}: one process, nothing to shard (launch replicas with torchrun; "
+                   "--offload full runs ZeRO-3 in one process with every state in host memory)")
         return 0
     return stage
+
+
+def init_single_process_group(device: torch.device) -> None:
+    """A process group of this process alone, when none exists: FSDP2 needs one even at world size
+    1. An in-process store (no port, no rendezvous); `shutdown` destroys it at the end of the run."""
+    if dist.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"  # as init_process_group
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT,
+                            device_id=device if device.type == "cuda" else None)
+    log.info(f"Distributed: one process (a world of one for FSDP2), backend {backend}")
+
+
+def processes_on_this_host() -> int:
+    """Processes of the job on this host (torchrun's LOCAL_WORLD_SIZE; 1 without torchrun)."""
+    try:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError as exc:
+        raise UsageError(f"LOCAL_WORLD_SIZE must be an integer (launch with torchrun): {exc}") from None
 
 
 def fsdp_options(mesh, stage: int, offload: bool, param_dtype: torch.dtype | None) -> dict:
@@ -155,15 +191,21 @@ def fsdp_options(mesh, stage: int, offload: bool, param_dtype: torch.dtype | Non
 def shard_model(model: torch.nn.Module, stage: int, offload: bool, device: torch.device,
                 param_dtype: torch.dtype | None = None) -> None:
     """FSDP2 (ZeRO-2/3, see `fsdp_options`): every block one unit, the root holding the embeddings,
-    ln_f and the tied head."""
+    ln_f and the tied head. With `offload`, every block explicitly prefetches the next one it will
+    need (forward: the next block, backward: the one before), so the copy overlaps compute."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     # The mesh names the device: left out, FSDP2 takes the host's accelerator even for a CPU run.
     options = fsdp_options(init_device_mesh(device.type, (dist.get_world_size(),)), stage, offload, param_dtype)
-    for block in model.transformer.h.values():
+    blocks = list(model.transformer.h.values())
+    for block in blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
+    if offload:  # each block's host-to-device copy is issued while the block before (backward: after) computes
+        for block, after in zip(blocks, blocks[1:]):
+            block.set_modules_to_forward_prefetch([after])
+            after.set_modules_to_backward_prefetch([block])
 
 
 def sharded_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:

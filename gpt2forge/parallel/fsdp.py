@@ -2,9 +2,14 @@
 tied head (distributed.shard_model).
 
 Gradients are reduce-scattered once per update (in the last micro-batch's backward); the optimizer
-updates this rank's shards (offloaded by FSDP2 itself with --optimizer-state-offchip). Parameters
-are gathered in every forward, so every rank evaluates the whole set in step; checkpoints gather
-the whole model and optimizer state onto rank 0's CPU.
+updates this rank's shards (offloaded by FSDP2 itself with --offload optimizer|full, its CPU offload
+policy: shards, gradients and the update in pinned host memory, each block copied to the device
+ahead of use). Parameters are gathered in every forward, so every rank evaluates the whole set in
+step; checkpoints gather the whole model and optimizer state onto rank 0's CPU.
+
+One device: with `--offload full` a single process runs this strategy over a world of one (the
+process group is made here when none exists), so a model whose weights, gradients and Adam state
+exceed the device trains on it; on a CPU-only machine the same code path runs and moves nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.data_parallel import DataParallel
 from gpt2forge.parallel.distributed import (
     DistEnv,
+    init_single_process_group,
     load_sharded_optimizer_state,
     shard_model,
     sharded_state,
@@ -28,7 +34,7 @@ from gpt2forge.parallel.strategy import OptimizerPlacement, ParallelRequest
 
 
 class FullyShardedDataParallel(DataParallel):
-    """One FSDP2 replica per process (`--zero-stage 2|3`, several processes)."""
+    """One FSDP2 replica per process (`--zero-stage 2|3`; one process with `--offload full`)."""
 
     @classmethod
     def applies(cls, request: ParallelRequest) -> bool:
@@ -36,6 +42,7 @@ class FullyShardedDataParallel(DataParallel):
         return not pipelined and request.zero >= 2
 
     def _wrap(self, model: GPT2LMHeadModel, request: ParallelRequest) -> nn.Module:
+        init_single_process_group(request.device)  # one process: FSDP2 over a world of one
         shard_model(model, request.zero, request.offload, request.device, request.param_dtype)
         return model
 

@@ -5,12 +5,16 @@
 device; pipelined runs print the same table at start-up (stage balance).
 
 Per process (bytes, P = the stage's parameters, R = replicas of the stage):
-- weights: fp32 master copies, 4 P (ZeRO-3: 4 P / R plus two gathered blocks; ZeRO-2 keeps the
-  gathered parameters from forward to backward, so 4 P / R + P gathered; gathered copies are
-  bf16/fp16 in such runs, 2 bytes a value);
+- weights: fp32 master copies, 4 P (ZeRO-3: 4 P / R plus the gathered root unit, which holds the
+  embeddings and stays gathered through forward and backward, and two gathered blocks; ZeRO-2
+  keeps the gathered parameters from forward to backward, so 4 P / R + P gathered; gathered copies
+  are bf16/fp16 in such runs, 2 bytes a value);
 - gradients: fp32, 4 P (ZeRO-2/3: / R);
-- optimizer: two fp32 moments, 8 P (ZeRO-1/2/3: / R); with `--optimizer-state-offchip` they and an
-  fp32 copy of the parameters (12 P) sit in host memory instead;
+- optimizer: two fp32 moments, 8 P (ZeRO-1/2/3: / R); with `--offload optimizer` (or
+  `--optimizer-state-offchip`) they and an fp32 copy of the parameters (12 P) sit in host memory
+  instead; under FSDP2 (ZeRO-2/3) any offload is FSDP2's CPU offload policy (`--offload full`): the
+  fp32 shards, their gradients and the moments (16 P / R) live in host memory, and the device keeps
+  only gathered copies (ZeRO-3: the root unit and two blocks) and one unit's unsharded gradient;
 - activations: measured, not modelled: one block's forward runs here at the run's micro-batch
   shape, precision and dropout, and the tensors autograd saves are counted. With recomputation a
   block keeps only its input, plus one block's activations during its backward. Non-pipelined
@@ -32,14 +36,16 @@ import dataclasses
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import collect
+from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import opt, positive
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import Block
 from gpt2forge.ops.lm_head_loss import LossChunking
-from gpt2forge.parallel.topology import ParallelArgs
+from gpt2forge.parallel.topology import ParallelArgs, is_pipelined
 
 GiB = 2**30
+OFFLOADS = ("none", "optimizer", "full")
+"""--offload's vocabulary: nothing, the optimizer state and update, or parameters + gradients + optimizer."""
 
 
 @dataclasses.dataclass
@@ -67,11 +73,35 @@ class MemoryArgs:
     recompute_checkpoint_layers: list[int] | None = opt(None, "checkpoint only these block indices", kind="list_int")
     """Recompute only these blocks."""
     optimizer_state_offchip: bool | None = opt(None, "keep optimizer state in host memory and update there "
-                                               "(CUDA; on CPU it is there already)", kind="bool")
-    """Optimizer state and its update in host memory."""
+                                               "(CUDA; on CPU it is there already); the same as --offload "
+                                               "optimizer", kind="bool")
+    """Optimizer state and its update in host memory (--offload optimizer)."""
+    offload: str | None = opt(None, "(new) what lives in pinned host memory: none | optimizer (optimizer state "
+                              "and update, as --optimizer-state-offchip) | full (parameters, gradients and "
+                              "optimizer state: FSDP2 ZeRO-3 with CPU offload, also in one process, each block "
+                              "streamed to the device ahead of use); default: optimizer with "
+                              "--optimizer-state-offchip true, else none", choices=OFFLOADS)
+    """Host offload: none, optimizer or full; None: from optimizer_state_offchip (see `offload_mode`)."""
+    device_memory_gib: float | None = opt(None, "(new) --plan: the device memory to plan one device for, in GiB "
+                                          "(default: this machine's device)")
+    """Device memory the one-device plan is for, GiB; None: the detected device's."""
 
     def __post_init__(self) -> None:
-        collect(positive(self, "embedding_serialization_factor", "serialized_seq_len"))
+        problems = positive(self, "embedding_serialization_factor", "serialized_seq_len")
+        offchip = self.optimizer_state_offchip
+        if self.offload is not None and offchip is not None and (self.offload != "none") != offchip:
+            problems.append(f"--offload {self.offload} contradicts --optimizer-state-offchip {str(offchip).lower()}; "
+                            "give --offload alone (optimizer is --optimizer-state-offchip true, full includes it)")
+        if self.device_memory_gib is not None and self.device_memory_gib <= 0:
+            problems.append(f"--device-memory-gib must be > 0 (got {self.device_memory_gib})")
+        collect(problems)
+
+    @property
+    def offload_mode(self) -> str:
+        """none | optimizer | full: --offload, else optimizer with --optimizer-state-offchip true."""
+        if self.offload is not None:
+            return self.offload
+        return "optimizer" if self.optimizer_state_offchip else "none"
 
     @property
     def recompute(self) -> bool:
@@ -137,6 +167,26 @@ def stage_params(cfg: ModelConfig, layers: tuple[int, ...]) -> list[int]:
     return counts
 
 
+def sharded_state_bytes(P: int, root: int, block: int, R: int, zero: int, gathered: int,
+                        offload: bool) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer state on the device, host bytes) of a stage of `P` parameters,
+    `root` of them outside its blocks (the root FSDP unit), `block` per block, over `R` replicas at
+    ZeRO `zero`, gathered copies `gathered` bytes a value; `offload`: any host offload."""
+    weights = 4 * P
+    if zero == 3:  # the root unit stays gathered through forward and backward, blocks two at a time
+        weights = 4 * P / R + gathered * (root + 2 * block)
+    elif zero == 2:
+        weights = 4 * P / R + gathered * P
+    grads = 4 * P / (R if zero >= 2 else 1)
+    moments = 8 * P / (R if zero >= 1 else 1)
+    if not offload:
+        return weights, grads, moments, 0.0
+    if zero >= 2:  # FSDP2's CPU offload: the fp32 shards, their gradients and the update on the host
+        # The device keeps the gathered copies and one unit's unsharded fp32 gradient at a time.
+        return weights - 4 * P / R, 4 * max(root, block), 0.0, 4 * P / R + grads + moments
+    return weights, grads, 0.0, moments + 4 * P / (R if zero >= 1 else 1)  # moments + an fp32 copy
+
+
 def build_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, seq_len: int, device: torch.device,
                dtype: torch.dtype | None, zero: int, activation_bytes: int | None = None,
                replicas: int | None = None, micro_batches: int | None = None) -> list[StagePlan]:
@@ -153,17 +203,12 @@ def build_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, se
     gathered = 2 if dtype is not None else 4  # FSDP2 gathers half-precision copies in bf16/fp16 runs
     residual = B * T * C * 4  # the residual stream (a block's input) stays fp32 under autocast
     recompute = memory.recompute
-    offload = bool(memory.optimizer_state_offchip)
+    offload = memory.offload_mode != "none"
+    block = model_cfg.block_params
     plans = []
     for s, (n, P) in enumerate(zip(layers, stage_params(model_cfg, layers))):
-        weights = 4 * P
-        if zero == 3:
-            weights = 4 * P / R + 2 * gathered * model_cfg.block_params
-        elif zero == 2:
-            weights = 4 * P / R + gathered * P
-        grads = 4 * P / (R if zero >= 2 else 1)
-        moments = 8 * P / (R if zero >= 1 else 1)
-        host = (moments + 4 * P / (R if zero >= 1 else 1)) if offload else 0.0
+        weights, grads, moments, host = sharded_state_bytes(P, P - n * block, block if n else 0, R, zero, gathered,
+                                                            offload)
         in_flight = 1 if S == 1 else (M if cfg.pipeline_schedule == "GPipe" else min(M, S - s))
         per_micro = n * (residual if recompute else act)
         if s == 0:
@@ -177,7 +222,7 @@ def build_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, se
             chunks = memory.embedding_serialization_factor
             width = V if memory.lm_loss == "plain" else -(-model_cfg.vocab_size // chunks)
             head = (3 if memory.lm_loss == "plain" else 2) * 4 * rows * width
-        plans.append(StagePlan(s, n, P, weights, grads, 0.0 if offload else moments, activations, head, host))
+        plans.append(StagePlan(s, n, P, weights, grads, moments, activations, head, host))
     return plans
 
 
@@ -232,9 +277,41 @@ def device_capacity(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return float(props.total_memory), f"{props.name} ({props.total_memory / GiB:.1f} GiB)"
-    with open("/proc/meminfo") as f:
-        info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-    return float(info.get("MemAvailable", 0)), f"host memory ({info.get('MemAvailable', 0) / GiB:.1f} GiB available)"
+    have = available_host_memory()
+    return have, f"host memory ({have / GiB:.1f} GiB available)"
+
+
+def available_host_memory() -> float:
+    """Bytes of host memory available to a new allocation: psutil's figure when it is installed,
+    else MemAvailable of /proc/meminfo (Linux)."""
+    try:
+        import psutil  # optional: not a dependency
+    except ImportError:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return float(info.get("MemAvailable", 0))
+    return float(psutil.virtual_memory().available)
+
+
+def check_offload_fits_host(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, zero: int,
+                            world_size: int, local_world_size: int) -> None:
+    """Before any allocation: with host offload, the offloaded state of this host's processes
+    (`local_world_size` of `world_size`) must fit the available host memory; else UsageError with
+    both figures and the fix."""
+    mode = memory.offload_mode
+    if mode == "none":
+        return
+    layers = tuple(cfg.layers_per_ipu) if cfg.layers_per_ipu else (model_cfg.n_layer,)
+    replicas = world_size // len(layers) if is_pipelined(len(layers), world_size) else world_size
+    plans = build_plan(cfg, memory, model_cfg, 1, torch.device("cpu"), None, zero, activation_bytes=0,
+                       replicas=replicas, micro_batches=1)
+    need = sum(p.host for p in plans) * replicas * local_world_size / world_size  # this host's share of the job
+    have = available_host_memory()
+    if need > have:
+        raise UsageError(f"--offload {mode}: the offloaded state needs {need / GiB:.1f} GiB of host memory but "
+                         f"{have / GiB:.1f} GiB is available; free host memory, spread the job over more hosts "
+                         "(--zero-stage 3 shards it), use a smaller model, or --offload none (--plan shows what "
+                         "fits)")
 
 
 def print_plan(plans: list[StagePlan], title: str) -> None:
@@ -247,9 +324,74 @@ def print_plan(plans: list[StagePlan], title: str) -> None:
                  f"{p.device_total / GiB:>7.2f}" + (f"  host {p.host / GiB:.2f}" if p.host else ""))
 
 
+PRESETS = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+"""The GPT-2 sizes the one-device plan always answers for."""
+
+
+def one_device_rows(cfg: ParallelArgs, memory: MemoryArgs, models: dict[str, ModelConfig], seq_len: int,
+                    device: torch.device, dtype: torch.dtype | None) -> list[tuple[str, int, bool, dict]]:
+    """(name, parameters, recompute, {offload mode: (device bytes, host bytes)}) of each model in
+    one process at the run's micro-batch, without and with recomputation; full offload is
+    one-process ZeRO-3 with FSDP2's CPU offload."""
+    one = dataclasses.replace(cfg, layers_per_ipu=None, replication_factor=1)
+    rows = []
+    for name, mcfg in models.items():
+        act = block_activation_bytes(mcfg, cfg.batch_size, seq_len, device, dtype)
+        for recompute in (False, True):
+            cells = {}
+            for mode in OFFLOADS:
+                mem = dataclasses.replace(memory, offload=mode, optimizer_state_offchip=None,
+                                          recompute_checkpoint_every_layer=recompute, recompute_checkpoint_layers=None)
+                plan = build_plan(one, mem, mcfg, seq_len, device, dtype, 3 if mode == "full" else 0,
+                                  activation_bytes=act, replicas=1)[0]
+                cells[mode] = (plan.device_total, plan.host)
+            rows.append((name, plan.params, recompute, cells))
+    return rows
+
+
+def print_one_device_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, model_name: str,
+                          seq_len: int, device: torch.device, dtype: torch.dtype | None) -> None:
+    """Which GPT-2 sizes (and the run's model) fit one device of --device-memory-gib (else this
+    machine's) with no, optimizer or full offload, with and without recomputation, and the host
+    memory each needs. A CPU run without --device-memory-gib plans for one memory: device + host."""
+    models = {name: dataclasses.replace(ModelConfig.preset(name), n_positions=seq_len) for name in PRESETS}
+    if model_name not in models:
+        models[model_name] = model_cfg
+    rows = one_device_rows(cfg, memory, models, seq_len, device, dtype)
+    host = available_host_memory()
+    shared = memory.device_memory_gib is None and device.type == "cpu"
+    have, what = (memory.device_memory_gib * GiB, "--device-memory-gib") if memory.device_memory_gib else \
+        device_capacity(device)
+
+    def fits(dev: float, off: float) -> bool:  # ~10% of a GPU for the CUDA context and the allocator
+        return dev + off < host if shared else dev < 0.9 * have and off < host
+
+    def label(mode: str) -> str:
+        return f"{'no' if mode == 'none' else mode} offload"
+
+    precision = "fp32" if dtype is None else str(dtype).removeprefix("torch.")
+    where = ("the CPU, whose memory is the host's (--device-memory-gib plans a GPU)" if shared else
+             f"{have / GiB:.1f} GiB ({what})")
+    log.info(f"One device: {where}, micro-batch {cfg.batch_size} x {seq_len}, {precision}; host memory "
+             f"{host / GiB:.1f} GiB available")
+    log.info(f"  {'model':<16}{'params':>7}  recompute  " + "".join(f"{label(m):<23}" for m in OFFLOADS)
+             + "(device GiB / host GiB)")
+    largest: dict[str, tuple[int, str]] = {}  # offload mode -> (parameters, model) of the largest that fits
+    for name, params, recompute, cells in rows:
+        log.info(f"  {name:<16}{params / 1e6:>6.1f}M  {'yes' if recompute else 'no':<9}  " + "".join(
+            f"{d / GiB:7.2f} / {h / GiB:6.2f} {'fits' if fits(d, h) else 'no':<5}" for d, h in cells.values()))
+        for mode, (d, h) in cells.items():
+            if fits(d, h) and params > largest.get(mode, (0, ""))[0]:
+                largest[mode] = (params, name + (" with recomputation" if recompute else ""))
+    log.info("Largest that fits: " + ", ".join(f"{label(mode)}: {largest.get(mode, (0, 'none'))[1]}"
+                                               for mode in OFFLOADS))
+
+
 def run_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, seq_len: int, device: torch.device,
-             dtype: torch.dtype | None, zero: int) -> int:
-    """--plan: print the plan and whether a process fits this machine's device; exit code 0."""
+             dtype: torch.dtype | None, zero: int, model_name: str = "") -> int:
+    """--plan: print the plan and whether a process fits this machine's device, and for a
+    one-process layout which model sizes fit one device (`model_name` names the run's model); exit
+    code 0."""
     plans = build_plan(cfg, memory, model_cfg, seq_len, device, dtype, zero)
     S, R = len(plans), cfg.replication_factor
     print_plan(plans, f"Memory plan per process: {S} stage(s) x {R} replica(s) = {S * R} process(es), micro-batch "
@@ -273,6 +415,8 @@ def run_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, seq_
         log.info(f"All {S * R} process(es) on this host: {total / GiB:.2f} GiB of {what}: {verdict}")
     if verdict == "does not fit":
         log.info("To shrink it: --recompute-checkpoint-every-layer true, --zero-stage 3 (or "
-                 "--replicated-tensor-sharding true), --optimizer-state-offchip true, more stages "
+                 "--replicated-tensor-sharding true), --offload optimizer|full, more stages "
                  "(--layers-per-ipu), or a smaller --batch-size with more --gradient-accumulation")
+    if S * R == 1:
+        print_one_device_plan(cfg, memory, model_cfg, model_name, seq_len, device, dtype)
     return 0

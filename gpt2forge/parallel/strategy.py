@@ -8,7 +8,8 @@ pipeline schedules, gathering shards or stages onto rank 0).
 
 Implementations, one file each, picked from the layout by `select_strategy`:
 - `data_parallel.DataParallel`: one process, or DDP replicas with ZeRO-0/1 (`--zero-stage 0|1`).
-- `fsdp.FullyShardedDataParallel`: FSDP2 replicas, ZeRO-2/3 (`--zero-stage 2|3`).
+- `fsdp.FullyShardedDataParallel`: FSDP2 replicas, ZeRO-2/3 (`--zero-stage 2|3`), also one process
+  with `--offload full` (ZeRO-3 over a world of one, every state in host memory).
 - `pipelined.Pipelined`: pipeline stages in their own processes (`--layers-per-ipu` with stages x
   replicas processes), with ZeRO inside each stage across its replicas.
 
@@ -50,7 +51,8 @@ class ParallelRequest:
     zero: int = 0
     """Resolved ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."""
     offload: bool = False
-    """Optimizer state and update in host memory (--optimizer-state-offchip on CUDA)."""
+    """State in host memory (train.memory.offload_to_host): under FSDP2 its CPU offload policy
+    (shards, gradients, update), otherwise the optimizer state and update (OffloadedOptimizer)."""
     param_dtype: torch.dtype | None = None
     """Autocast dtype of bf16/fp16 runs (FSDP2 gathers and computes in it), None for fp32."""
     compile_mode: str = "false"

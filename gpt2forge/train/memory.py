@@ -8,9 +8,12 @@ The reference's IPU memory flags and what they do here:
 - `--recompute-checkpoint-every-layer` / `--recompute-checkpoint-layers i j ...`: activation
   checkpointing per transformer block (torch.utils.checkpoint, non-reentrant, so it composes with
   torch.compile and with dropout: the RNG state is replayed in the recomputation).
-- `--optimizer-state-offchip`: the optimizer state lives in host memory and the update runs there
-  (ZeRO-offload style, gpt2forge.train.optim.OffloadedOptimizer), for CUDA runs; on CPU the state is
-  already in host memory.
+- `--optimizer-state-offchip` (= `--offload optimizer`): the optimizer state lives in host memory
+  and the update runs there (ZeRO-offload style, gpt2forge.train.optim.OffloadedOptimizer, or FSDP2's
+  CPU offload policy under ZeRO-2/3), for CUDA runs; on CPU the state is already in host memory.
+- `--offload full`: parameters, gradients and optimizer state in host memory, FSDP2 ZeRO-3 with its
+  CPU offload policy, in one process too (docs/one_device.md). On the CPU the same FSDP2 path runs
+  and moves nothing.
 
 Order of application (run_training): loss implementation, then activation checkpointing, then
 torch.compile, then the optimizer (offloaded or not).
@@ -112,10 +115,12 @@ def apply_memory_features(model: GPT2LMHeadModel, cfg: MemoryArgs, device: torch
         log.info(f"Activation checkpointing (recomputed in backward): blocks {', '.join(map(str, layers))}")
 
 
-def offload_optimizer(cfg: MemoryArgs, device: torch.device) -> bool:
-    """Whether the optimizer state and update go to host memory (--optimizer-state-offchip on CUDA;
-    a notice on the CPU, where the state already is)."""
-    if cfg.optimizer_state_offchip and device.type != "cuda":
-        log.notice("--optimizer-state-offchip: on the CPU the optimizer state is already in host memory; "
-                   "nothing to offload")
-    return bool(cfg.optimizer_state_offchip) and device.type == "cuda"
+def offload_to_host(cfg: MemoryArgs, device: torch.device) -> bool:
+    """Whether the run's state goes to host memory (ParallelRequest.offload): --offload optimizer on
+    CUDA, --offload full on any device (FSDP2's CPU offload policy runs on the CPU too, moving
+    nothing, so a CPU run takes the GPU's code path). A notice where nothing moves."""
+    mode = cfg.offload_mode
+    if mode != "none" and device.type != "cuda":
+        log.notice(f"--offload {mode}: on the CPU the state is already in host memory; nothing moves"
+                   + (" (FSDP2's CPU offload policy still runs, as on a GPU)" if mode == "full" else ""))
+    return mode == "full" or (mode == "optimizer" and device.type == "cuda")

@@ -12,6 +12,7 @@ import itertools
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -36,15 +37,23 @@ from gpt2forge.parallel.distributed import (
     device_for,
     env_from_launcher,
     init_process_group,
+    processes_on_this_host,
+    requested_zero_stage,
     resolve_zero_stage,
     shutdown,
 )
 from gpt2forge.parallel.health import Watchdog, wait_for_rank0
-from gpt2forge.parallel.memory_plan import build_plan, print_compute_balance, print_plan, run_plan
+from gpt2forge.parallel.memory_plan import (
+    build_plan,
+    check_offload_fits_host,
+    print_compute_balance,
+    print_plan,
+    run_plan,
+)
 from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strategy
 from gpt2forge.parallel.topology import Layout, build_layout, report_layout, stages_of
 from gpt2forge.train.config import TrainConfig
-from gpt2forge.train.memory import apply_memory_features, offload_optimizer, peak_memory_bytes, reset_peak_memory
+from gpt2forge.train.memory import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
 from gpt2forge.train.model_setup import build_model, maybe_sample, resolve_model_config
 from gpt2forge.train.observe import RunMonitor
@@ -154,9 +163,16 @@ def run_training(cfg: TrainConfig) -> int:
     if cfg.runtime.plan:
         model_cfg, _ = resolve_model_config(cfg)
         build_layout(cfg.parallel, model_cfg.n_layer)  # the layout flags must describe this model
-        parallel = cfg.parallel
-        zero = parallel.zero_stage if parallel.zero_stage is not None else int(parallel.replicated_tensor_sharding)
-        return run_plan(cfg.parallel, cfg.memory, model_cfg, cfg.arch.max_len, device, autocast_dtype(precision), zero)
+        parallel, offload = cfg.parallel, cfg.memory.offload_mode
+        zero = requested_zero_stage(parallel.zero_stage, parallel.replicated_tensor_sharding, offload)
+        name = Path(cfg.arch.model_config).stem if cfg.arch.model_config else cfg.arch.model
+        return run_plan(parallel, cfg.memory, model_cfg, cfg.arch.max_len, device, autocast_dtype(precision), zero,
+                        name)
+    zero = resolve_zero_stage(cfg.parallel.zero_stage, cfg.parallel.replicated_tensor_sharding, env,
+                              cfg.memory.offload_mode)
+    if cfg.memory.offload_mode != "none":  # before any allocation
+        check_offload_fits_host(cfg.parallel, cfg.memory, resolve_model_config(cfg)[0], zero, env.world_size,
+                                processes_on_this_host())
     configure_matmul(device, precision, cfg.runtime.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device)
     layout = build_layout(cfg.parallel, model.config.n_layer, env.world_size)
@@ -164,7 +180,7 @@ def run_training(cfg: TrainConfig) -> int:
     init_process_group(env, device)
     try:
         with exit_signals(cfg.checkpoint.exit_signal_handler):  # SIGTERM/SIGUSR1: save and stop after a step
-            return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation)
+            return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation, zero)
     except ExitRequested as stopped:
         log.info(str(stopped))
         return 0
@@ -173,14 +189,13 @@ def run_training(cfg: TrainConfig) -> int:
 
 
 def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str, model: GPT2LMHeadModel,
-           ckpt_dir, layout: Layout, accumulation: int) -> int:
+           ckpt_dir, layout: Layout, accumulation: int, zero: int) -> int:
     torch.manual_seed(cfg.data.seed + env.rank)  # same initial weights everywhere, different dropout per replica
     log.info(f"Model config: {model.config}")
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
 
     apply_memory_features(model, cfg.memory, device)
-    offload = offload_optimizer(cfg.memory, device)
-    zero = resolve_zero_stage(cfg.parallel.zero_stage, cfg.parallel.replicated_tensor_sharding, env)
+    offload = offload_to_host(cfg.memory, device)
     strategy = _build_strategy(cfg, env, layout, model, device, precision, accumulation, zero, offload)
     _print_stage_plan(cfg, env, layout, model, device, precision, accumulation, zero)
     optimizer = _build_optimizer(cfg, strategy, device)

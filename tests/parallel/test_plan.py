@@ -53,7 +53,10 @@ def test_sharding_offload_and_recompute_move_what_they_should():
     z1 = plan("--replication-factor", "4", zero=1)[0]
     assert (z1.weights, z1.grads, z1.optimizer) == (4 * P, 4 * P, 2 * P)
     z3 = plan("--replication-factor", "4", zero=3)[0]
-    assert z3.grads == P and z3.optimizer == 2 * P and z3.weights < 2 * P
+    # ZeRO-3: a quarter of the fp32 weights, plus the gathered root unit (embeddings, ln_f: gathered
+    # through forward and backward) and two gathered blocks.
+    root = P - 12 * SMALL.block_params
+    assert z3.grads == P and z3.optimizer == 2 * P and z3.weights == P + 4 * (root + 2 * SMALL.block_params)
     off = plan("--replication-factor", "4", "--optimizer-state-offchip", "true", zero=1)[0]
     assert off.optimizer == 0 and off.host == 3 * P  # moments + fp32 copy of the shard
     assert base.activations == 12 * ACT + 2 * 2 * 1024 * 768 * 4  # one micro-batch, plus the embedding
@@ -107,3 +110,39 @@ def test_plan_suggests_the_balanced_split(capsys):
     out = capsys.readouterr().out
     assert "Compute per stage (share of the step): stage 0 0%, stage 1 24%, stage 2 24%, stage 3 51%" in out
     assert "Balanced compute: --layers-per-ipu 4 4 4 0 (slowest stage 27% of the step instead of 51%)" in out
+
+
+def test_full_offload_keeps_only_gathered_copies_on_the_device():
+    """One process, ZeRO-3 with FSDP2's CPU offload: the fp32 weights, gradients and moments (16 P)
+    on the host; on the device the gathered root unit and two blocks, and one unit's gradient."""
+    full = plan("--offload", "full", zero=3)[0]
+    P, block = full.params, SMALL.block_params
+    root = P - 12 * block
+    assert (full.host, full.optimizer) == (16 * P, 0)
+    assert (full.weights, full.grads) == (4 * (root + 2 * block), 4 * root)
+    optimizer = plan("--offload", "optimizer")[0]
+    assert (optimizer.host, optimizer.optimizer, optimizer.weights) == (12 * P, 0, 4 * P)
+
+
+def test_plan_answers_which_sizes_fit_one_device(capsys, monkeypatch):
+    import gpt2forge.parallel.memory_plan as memory_plan
+
+    monkeypatch.setattr(memory_plan, "available_host_memory", lambda: 2.0**40)  # a 1 TiB host: the device decides
+    assert train_main(["--plan", "--model", "gpt2", "--max-len", "1024", "--device-memory-gib", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "One device: 16.0 GiB (--device-memory-gib), micro-batch 1 x 1024, fp32" in out
+    cells = {}  # (model, recompute) -> [(device GiB, host GiB, verdict)] for no, optimizer, full offload
+    for m in re.finditer(r"^  (gpt2\S*)\s+[\d.]+M  (no|yes)\s+(.*)$", out, re.M):
+        cells[m[1], m[2]] = [(float(d), float(h), v) for d, h, v in re.findall(r"([\d.]+) / +([\d.]+) (\w+)", m[3])]
+    assert len(cells) == 8 and all(len(c) == 3 for c in cells.values())
+    xl = ModelConfig.preset("gpt2-xl")
+    P = stage_params(xl, (xl.n_layer,))[0]
+    for recompute in ("no", "yes"):
+        none, optimizer, full = cells["gpt2-xl", recompute]
+        assert none[2] == "no" and none[0] > 16 * P / 2**30 - 0.01  # 16 bytes a parameter on the device
+        assert full[1] == pytest.approx(16 * P / 2**30, abs=0.01) and optimizer[1] == pytest.approx(12 * P / 2**30,
+                                                                                                    abs=0.01)
+        assert full[0] < optimizer[0] < none[0]
+    assert cells["gpt2-xl", "yes"][2][2] == "fits"  # full offload with recomputation: 1.5B parameters on 16 GiB
+    assert all(c[0][2] == "fits" for (name, _), c in cells.items() if name == "gpt2")
+    assert re.search(r"^Largest that fits: no offload: \S+.*, full offload: gpt2-xl", out, re.M)
