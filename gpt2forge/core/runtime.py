@@ -136,15 +136,20 @@ def maybe_compile(model: torch.nn.Module, mode: str, device: torch.device, cache
 
 
 class LossScaler:
-    """fp16 loss scaling: static (--loss-scaling S) or dynamic (--auto-loss-scaling: halve on overflow,
-    double after `growth_interval` clean updates). Overflowing updates are skipped.
-    For fp32/bf16 it is disabled: scale 1, nothing skipped."""
+    """fp16 loss scaling: static (--loss-scaling S) or dynamic (--auto-loss-scaling): Megatron-Core's
+    DynamicGradScaler rule, halve after `hysteresis` overflowing updates (never below `min_scale`),
+    double after `growth_interval` clean updates in a row (which also restores the hysteresis count).
+    Overflowing updates are skipped. For fp32/bf16 it is disabled: scale 1, nothing skipped."""
 
-    def __init__(self, enabled: bool, init_scale: float, dynamic: bool, growth_interval: int = 2000):
+    def __init__(self, enabled: bool, init_scale: float, dynamic: bool, growth_interval: int = 2000,
+                 min_scale: float = 1.0, hysteresis: int = 1):
         self.enabled = enabled
         self.scale = float(init_scale) if enabled else 1.0
         self.dynamic = dynamic and enabled
         self.growth_interval = growth_interval
+        self.min_scale = min_scale
+        self.hysteresis = hysteresis
+        self.hysteresis_left = hysteresis
         self.good_steps = 0
         self.skipped = 0
 
@@ -164,18 +169,22 @@ class LossScaler:
         if not finite:
             self.skipped += 1
             self.good_steps = 0
-            if self.dynamic:
-                self.scale = max(self.scale / 2.0, 1.0)
+            self.hysteresis_left -= 1
+            if self.dynamic and self.hysteresis_left <= 0:
+                self.scale = max(self.scale / 2.0, self.min_scale)
             return
         self.good_steps += 1
         if self.dynamic and self.good_steps % self.growth_interval == 0:
+            self.hysteresis_left = self.hysteresis
             self.scale *= 2.0
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped,
+                "hysteresis_left": self.hysteresis_left}
 
     def load_state_dict(self, state: dict) -> None:
         self.scale, self.good_steps, self.skipped = state["scale"], state["good_steps"], state["skipped"]
+        self.hysteresis_left = state.get("hysteresis_left", self.hysteresis)  # absent before it existed
 
 
 def synchronize(device: torch.device) -> float:

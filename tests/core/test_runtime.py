@@ -1,5 +1,8 @@
 """Precision, loss scaling and device resolution."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -97,3 +100,33 @@ def test_emulated_half_precision_on_cpu_is_announced(monkeypatch, capsys):
     assert "--precision bf16: this CPU has no bf16 matmul kernels" in capsys.readouterr().err
     assert resolve_precision("fp16", torch.device("cpu")) == "fp16"
     assert "notice" not in capsys.readouterr().err
+
+
+def test_dynamic_loss_scale_follows_megatron_core_hysteresis_and_floor():
+    """The same overflow pattern through Megatron-Core's DynamicGradScaler (its tensors live on
+    'cuda': patched to the CPU here) and ours gives the same scale after every update."""
+    spec = importlib.util.find_spec("megatron")
+    path = spec and Path(spec.submodule_search_locations[0]) / "core" / "optimizer" / "grad_scaler.py"
+    if path is None or not path.is_file():
+        pytest.skip("megatron-core is not installed (make setup installs it)")
+    # The file alone (it imports only torch): importing megatron.core pulls in triton and more.
+    loader = importlib.util.spec_from_file_location("megatron_grad_scaler", path)
+    grad_scaler = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(grad_scaler)
+    real_tensor = torch.tensor
+
+    def cpu_tensor(*args, **kwargs):
+        kwargs.pop("device", None)
+        return real_tensor(*args, **kwargs)
+
+    pattern = [False, True, False, False, True, True, True, False, False, False, False, True, True, True, True]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(grad_scaler.torch, "tensor", cpu_tensor)
+        theirs = grad_scaler.DynamicGradScaler(initial_scale=64.0, min_scale=8.0, growth_factor=2.0,
+                                               backoff_factor=0.5, growth_interval=3, hysteresis=2)
+        ours = LossScaler(True, 64.0, dynamic=True, growth_interval=3, min_scale=8.0, hysteresis=2)
+        for overflow in pattern:
+            theirs.update(overflow)
+            ours.update(not overflow)
+            assert ours.scale == float(theirs.scale), (pattern, overflow)
+    assert ours.skipped == sum(pattern) and ours.scale == 8.0  # the floor was reached and held
