@@ -15,6 +15,11 @@ bias. The two differ early in training only: the correction fades over ~1/(1-bet
 Weight decay applies to parameters with two or more dimensions only; biases and LayerNorm
 parameters are never decayed. There is no gradient clipping (the reference has none).
 
+Where the update runs on the host (`--optimizer-state-offchip`: one process, DDP, ZeRO-1 shards,
+FSDP2 shards offloaded to the CPU), AdamW and LAMB use the C++ ops of gpt2forge.ops.host_optim
+(`HostAdamW`, `HostLamb`: same state layout, same math to fp32 rounding) when the custom ops
+library is built, and the PyTorch classes above otherwise. Runs without offload are unchanged.
+
 LR schedules live in `gpt2forge.train.schedule` (re-exported here).
 """
 
@@ -27,11 +32,12 @@ from collections.abc import Iterable, MutableMapping
 import torch
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.ops import host_optim
 from gpt2forge.parallel.optimizer_state import param_groups
 from gpt2forge.train.schedule import SCHEDULES, build_lr_schedule, resolve_warmup_steps
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "Lamb", "OffloadedOptimizer", "build_lr_schedule", "build_optimizer",
-           "param_groups", "resolve_warmup_steps"]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "HostLamb", "Lamb", "OffloadedOptimizer", "build_lr_schedule",
+           "build_optimizer", "param_groups", "resolve_warmup_steps"]
 
 OPTIMIZERS = ("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection")
 
@@ -95,23 +101,39 @@ def build_optimizer(
         cls = Lamb
         hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=name == "LAMB")
 
-    def make(groups: list[dict], device_type: str) -> torch.optim.Optimizer:
+    def make(groups: list[dict], device_type: str, on_host: bool = False) -> torch.optim.Optimizer:
         impl = {}
         if cls is not Lamb:  # fused and foreach are mutually exclusive in torch; pass exactly one of them
             fused = _can_fuse((p for g in groups for p in g["params"]), device_type)
             impl = {"fused": True} if fused else {"foreach": True}
+        if on_host and cls in _HOST_CLASSES and host_optim.kernel_available():
+            return _HOST_CLASSES[cls](groups, **hyper, **impl)  # the same groups, hence checkpoints
         return cls(groups, **hyper, **impl)
 
     def local(groups: list[dict], **_hyper) -> torch.optim.Optimizer:
         """The optimizer of the parameters this process updates (ZeRO-1 passes its shard's groups)."""
         if offload:
-            return OffloadedOptimizer(groups, lambda host_groups: make(host_groups, "cpu"))
-        return make(groups, device_type)
+            return OffloadedOptimizer(groups, lambda host_groups: make(host_groups, "cpu", on_host=True))
+        return make(groups, device_type, on_host=_fsdp_offloaded(model))
 
     groups = param_groups(model, weight_decay)
     if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only (on the host with offload)
         return _zero1(groups, local, shard_group, hyper)
     return local(groups)
+
+
+def _fsdp_offloaded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 keeps `model`'s shards on the host (CPUOffloadPolicy): the update then runs there."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule  # why: only FSDP2 runs need it
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)  # None: a module without params
+            if group is not None and isinstance(group.offload_policy, CPUOffloadPolicy):
+                return True
+    return False
 
 
 def _zero1(groups: list[dict], local, group, hyper: dict) -> torch.optim.Optimizer:
@@ -166,6 +188,12 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             host_groups.append({**group, "params": copies})
         self.inner = build(host_groups)
         self.host = host
+        # bf16/fp16 device parameters: the host optimizer writes their rounded copy in its update pass.
+        copies = getattr(self.inner, "device_copies", None)
+        for p, h in self.host_of.items() if copies is not None else ():
+            if p.dtype in (torch.bfloat16, torch.float16):
+                staging = torch.empty(h.shape, dtype=p.dtype)
+                copies[h] = staging.pin_memory() if pin else staging
         # Optimizer.__init__ is not called: the groups mirror the host optimizer's, with device params.
         self.defaults = self.inner.defaults
         self.param_groups = [{**g, "params": list(src["params"])} for g, src in zip(self.inner.param_groups, params)]
@@ -190,8 +218,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         for device in {p.device for p, _ in pairs if p.device.type == "cuda"}:
             torch.cuda.synchronize(device)  # the non-blocking copies must land before the host update
         self.inner.step()
+        copies = getattr(self.inner, "device_copies", {})
         for p, h in pairs:
-            p.copy_(h, non_blocking=True)
+            p.copy_(copies.get(h, h), non_blocking=True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.host_of:
@@ -351,3 +380,44 @@ class Lamb(torch.optim.Optimizer):
         ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
         torch._foreach_mul_(updates, list(ratio.to(params[0].dtype).unbind(0)))
         torch._foreach_add_(params, updates, alpha=-group["lr"])
+
+
+class HostLamb(Lamb):
+    """Lamb whose update of CPU fp32 tensors runs in the C++ op `gpt2forge::lamb_step_` (one
+    tensor at a time: its trust ratio needs that tensor's two norms); other tensors, and all of
+    them when the library is absent, take Lamb's own update, the reference. Same state and
+    `state_dict` as Lamb; `device_copies` as in host_optim.HostAdamW."""
+
+    def __init__(self, params, **hyper):
+        super().__init__(params, **hyper)
+        self.device_copies: dict[torch.Tensor, torch.Tensor] = {}
+        self.use_kernel = host_optim.kernel_available()
+
+    def _update(self, group, params, grads, exp_avgs, exp_avg_sqs, steps) -> None:
+        lists = (params, grads, exp_avgs, exp_avg_sqs, steps)
+        rest = [i for i in range(len(params)) if not (self.use_kernel and self._kernel_update(group, *(
+            xs[i] for xs in lists)))]
+        if not rest:
+            return
+        super()._update(group, *([xs[i] for i in rest] for xs in lists))
+        for i in rest:
+            if params[i] in self.device_copies:
+                self.device_copies[params[i]].copy_(host_optim.local(params[i]))
+
+    def _kernel_update(self, group: dict, p, grad, exp_avg, exp_avg_sq, step: torch.Tensor) -> bool:
+        """Update one parameter with the op; False (nothing done) when the op does not take it."""
+        tensors = [host_optim.local(t) for t in (p, grad, exp_avg, exp_avg_sq)]
+        copy = self.device_copies.get(p)
+        if not host_optim.kernel_accepts(*tensors, copy):
+            return False
+        step += 1
+        beta1, beta2 = group["betas"]
+        host_optim.lamb_step_(*tensors, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                              weight_decay=group["weight_decay"], step=step.item(),
+                              bias_correction=group["bias_correction"], max_weight_norm=group["max_weight_norm"],
+                              device_copy=copy)
+        return True
+
+
+# The host-side classes of the optimizers that have a C++ update (the others stay PyTorch's).
+_HOST_CLASSES = {torch.optim.AdamW: host_optim.HostAdamW, Lamb: HostLamb}

@@ -196,6 +196,12 @@ def test_offloaded_optimizer_matches_plain_and_round_trips_state(name):
             o.zero_grad()
             s.step()
     for (n, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        if name == "LAMB" and n.endswith("attn.c_attn.bias"):
+            # The key bias's true gradient is 0 (softmax ignores a per-query constant): what it gets
+            # is rounding noise, which LAMB's g / (|g| + eps) turns into +-lr steps, so the host op's
+            # other summation order moves it differently. Query and value biases are compared.
+            C = p.shape[0] // 3
+            p, q = torch.cat((p[:C], p[2 * C:])), torch.cat((q[:C], q[2 * C:]))
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=n)
     assert opts[1].param_groups[0]["lr"] == opts[0].param_groups[0]["lr"]
     # Outside, it is an optimizer of the model's parameters: state keyed by them, the same checkpoint form.
