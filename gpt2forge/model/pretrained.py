@@ -2,8 +2,10 @@
 
 One entry point, `load_pretrained`, shared by text generation, the inference benchmark and the
 evaluation tasks. It takes our checkpoints (`step_N/`, `epoch_N/`, or a root with a `latest`
-pointer) and Hugging Face GPT-2 directories (`config.json` + `model.safetensors` or
-`pytorch_model.bin`). Anything missing or unreadable is a UsageError (exit 2): generation never
+pointer), Hugging Face GPT-2 directories (`config.json` + `model.safetensors` or
+`pytorch_model.bin`) and Megatron-LM `--save` directories (gpt2forge.model.megatron_checkpoint;
+the tokenizer is GPT-2's, or Megatron's gpt2-vocab.json + gpt2-merges.txt placed in the directory
+with --tokenizer-type 1). Anything missing or unreadable is a UsageError (exit 2): generation never
 falls back to random weights.
 """
 
@@ -16,6 +18,7 @@ import torch
 from gpt2forge.core.errors import UsageError
 from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.model.megatron_checkpoint import is_megatron_checkpoint, load_megatron_model
 from gpt2forge.text.tokenizer import HF_FILE, Tokenizer, load_bpe_files, load_tokenizer
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
 
@@ -26,11 +29,14 @@ TOKENIZER_TYPES = {0: "Hugging Face GPT-2 files (vocab.json + merges.txt or toke
 
 
 def resolve_model_dir(path: str | Path) -> Path:
-    """The checkpoint directory for `path` (a checkpoint, a root with `latest`, or an HF directory)."""
+    """The checkpoint directory for `path` (a checkpoint, a root with `latest`, an HF directory or
+    a Megatron-LM checkpoint directory, returned as it is)."""
     p = Path(path)
     if not p.exists():
         raise UsageError(f"--model-name-or-path {path}: not found; pass a checkpoint directory "
                          "(step_N/, epoch_N/, a root with `latest`) or a Hugging Face GPT-2 directory")
+    if is_megatron_checkpoint(p):
+        return p
     try:
         return resolve_checkpoint_dir(p)
     except UsageError:
@@ -58,15 +64,20 @@ def load_checkpoint_tokenizer(ckpt: Path, tokenizer_type: int | None = None) -> 
 
 def load_pretrained(path: str | Path, device: torch.device | str = "cpu",
                     tokenizer_type: int | None = None) -> tuple[GPT2LMHeadModel, Tokenizer]:
-    """(model in eval mode on `device`, fp32 weights; tokenizer) for a checkpoint or HF directory.
+    """(model in eval mode on `device`, fp32 weights; tokenizer) for a checkpoint, HF or Megatron-LM
+    directory. A Megatron checkpoint's real vocabulary is the tokenizer's (its embedding is padded).
 
     Raises UsageError when the directory, its config, weights or tokenizer cannot be loaded, or when
     the tokenizer's vocabulary differs from the model's (ids would be out of range or undecodable).
     """
     ckpt = resolve_model_dir(path)
-    model = GPT2LMHeadModel(load_model_config(ckpt))
-    load_weights(model, ckpt)
-    tok = load_checkpoint_tokenizer(ckpt, tokenizer_type)
+    if is_megatron_checkpoint(ckpt):
+        tok = load_checkpoint_tokenizer(ckpt, tokenizer_type)
+        model = load_megatron_model(ckpt, vocab_size=tok.vocab_size)
+    else:
+        model = GPT2LMHeadModel(load_model_config(ckpt))
+        load_weights(model, ckpt)
+        tok = load_checkpoint_tokenizer(ckpt, tokenizer_type)
     if tok.vocab_size != model.config.vocab_size:
         raise UsageError(f"{ckpt}: the model's vocabulary ({model.config.vocab_size} ids) does not match the "
                          f"tokenizer's ({tok.vocab_size} ids); save the checkpoint with the tokenizer it was "

@@ -27,6 +27,7 @@ from gpt2forge.model.checkpoint import (
     save_checkpoint,
 )
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.model.megatron_checkpoint import is_megatron_checkpoint, iteration_dir
 from gpt2forge.parallel.health import wait_for_rank0
 from gpt2forge.text.tokenizer import tokenizer_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE, asset_dir
@@ -148,6 +149,11 @@ def run_lineage(input_dir: str, resuming: bool) -> dict[str, Any] | None:
     lineage of the checkpoint it continues; None for a run from scratch."""
     if not input_dir:
         return None
+    if is_megatron_checkpoint(input_dir):  # its model_optim_rng.pt shards are the weight files
+        it = iteration_dir(input_dir)
+        shards = sorted(str(f.relative_to(it)) for f in it.glob("mp_rank_*/model_optim_rng.pt"))
+        return {"parent": {"path": str(it.resolve()), "format": "megatron-lm",
+                           "weights_sha256": {name: file_sha256(it / name) for name in shards}}}
     ckpt = resolve_checkpoint_dir(input_dir)
     if resuming:
         return _read_lineage(ckpt)
@@ -187,6 +193,8 @@ def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
     if ckpt.auto_resume:
         log.info(f"auto-resume: no checkpoint in {ckpt.checkpoint_output_dir} yet; starting "
                  + (f"from {ckpt.checkpoint_input_dir}" if ckpt.checkpoint_input_dir else "a new run"))
+    if ckpt.checkpoint_input_dir and is_megatron_checkpoint(ckpt.checkpoint_input_dir):
+        return cfg.replace(checkpoint_input_dir=str(iteration_dir(ckpt.checkpoint_input_dir)))
     if ckpt.checkpoint_input_dir and not (Path(ckpt.checkpoint_input_dir) / "config.json").is_file():
         return cfg.replace(checkpoint_input_dir=str(resolve_checkpoint_dir(ckpt.checkpoint_input_dir)))
     return cfg
