@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
 
 from gpt2forge.core.errors import cli_main
 
@@ -14,6 +17,38 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     from gpt2forge.train.trainer import run_training  # lazy: a console script imports only its own command
 
     return run_training(parse_args(argv))
+
+
+@cli_main
+def megatron_main(argv: Sequence[str] | None = None) -> int:
+    """`pretrain_gpt.py` / `pretrain_gpt2.py` / `gpt2forge-pretrain-gpt`: Megatron-LM's flags, the same trainer."""
+    import shlex  # lazy, as the imports below
+
+    from gpt2forge.train.config import TrainConfig  # lazy: a console script imports only its own command
+    from gpt2forge.train.megatron_args import equivalent_command, translate, wants_equivalent  # lazy: as above
+    from gpt2forge.train.trainer import run_training  # lazy: a console script imports only its own command
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    values = translate(argv)
+    if wants_equivalent(argv):
+        print("python train_gpt2.py " + shlex.join(equivalent_command(values)))
+        return 0
+    return run_training(TrainConfig.from_flat(values))
+
+
+def run_script(main: Callable[[], int]) -> None:
+    """Exit with `main()`'s code: what the training scripts at the top of the repository do."""
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Under torchrun the job is done here (process group destroyed, files closed), but in 5 of
+        # 90 two-process CPU test runs a rank aborted during interpreter teardown ("terminate
+        # called without an active exception", no Python frame), so torchrun reported a finished
+        # run as failed. Leave without the teardown.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def generate_parser():

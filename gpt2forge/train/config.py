@@ -42,9 +42,31 @@ class ModelArgs:
     attention_dropout: float | None = opt(None, "(new) override the model's attention dropout (Megatron's "
                                           "--attention-dropout)")
     """Attention-probability dropout; None: the model config's."""
+    num_layers: int | None = opt(None, "(new) override the model's number of blocks (Megatron's --num-layers)")
+    """n_layer of a fresh model; None: the config's."""
+    hidden_size: int | None = opt(None, "(new) override the model's width (Megatron's --hidden-size)")
+    """n_embd of a fresh model; None: the config's."""
+    num_attention_heads: int | None = opt(None, "(new) override the model's attention heads "
+                                          "(Megatron's --num-attention-heads)")
+    """n_head of a fresh model; None: the config's."""
+    ffn_hidden_size: int | None = opt(None, "(new) override the MLP width (Megatron's --ffn-hidden-size; "
+                                      "default 4 x width)")
+    """n_inner of a fresh model; None: the config's (4 x n_embd)."""
+    max_position_embeddings: int | None = opt(None, "(new) position-table size of a fresh model (Megatron's "
+                                              "--max-position-embeddings; default: --max-len)")
+    """n_positions of a fresh model (>= max_len); None: max_len."""
+    init_method_std: float | None = opt(None, "(new) standard deviation of a fresh model's weight initialisation "
+                                        "(Megatron's --init-method-std; GPT-2: 0.02)")
+    """initializer_range of a fresh model; None: the config's."""
 
     def __post_init__(self) -> None:
-        problems = positive(self, "max_len")
+        problems = positive(self, "max_len", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                            "max_position_embeddings", optional=True)
+        if self.max_position_embeddings is not None and self.max_position_embeddings < self.max_len:
+            problems.append(f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-len "
+                            f"{self.max_len}; the position table must cover the sequence")
+        if self.init_method_std is not None and self.init_method_std <= 0:
+            problems.append("--init-method-std must be > 0")
         problems += [f"--{flag(name)} must be in [0, 1) (got {value})"
                      for name in ("hidden_dropout", "attention_dropout")
                      if (value := getattr(self, name)) is not None and not 0 <= value < 1]
@@ -220,6 +242,18 @@ class RuntimeArgs:
     """fp16 loss scale, > 0."""
     auto_loss_scaling: bool = opt(False, "fp16: dynamic loss scaling", kind="bool")
     """Adjust the fp16 loss scale as gradients overflow."""
+    initial_loss_scale: float = opt(1.0, "(new) fp16 dynamic scaling: the first scale (Megatron's "
+                                    "--initial-loss-scale; 1.0 as the reference's --auto-loss-scaling)")
+    """First scale of dynamic loss scaling."""
+    loss_scale_window: int = opt(2000, "(new) fp16 dynamic scaling: clean updates before the scale doubles "
+                                 "(Megatron's --loss-scale-window)")
+    """Updates without overflow before the dynamic scale doubles."""
+    min_loss_scale: float = opt(1.0, "(new) fp16 dynamic scaling: the scale never goes below this "
+                                "(Megatron's --min-loss-scale)")
+    """Floor of the dynamic loss scale."""
+    loss_scale_hysteresis: int = opt(1, "(new) fp16 dynamic scaling: overflowing updates tolerated before the scale "
+                                     "halves (Megatron's --hysteresis)")
+    """Overflows before the dynamic scale halves (each one's update is skipped)."""
     enable_half_partials: bool = opt(False, "reduced-precision matmul accumulation where the device allows it",
                                      kind="bool")
     """Allow reduced-precision matmul accumulation."""
@@ -238,8 +272,10 @@ class RuntimeArgs:
     """Print the memory plan, then exit."""
 
     def __post_init__(self) -> None:
-        if self.loss_scaling <= 0:
-            raise UsageError("--loss-scaling must be > 0")
+        problems = positive(self, "loss_scale_window", "loss_scale_hysteresis")
+        problems += [f"--{flag(name)} must be > 0" for name in ("loss_scaling", "initial_loss_scale", "min_loss_scale")
+                     if getattr(self, name) <= 0]
+        collect(problems)
 
 
 @dataclasses.dataclass
@@ -303,6 +339,11 @@ class LoggingArgs:
                                   "top_ops.txt; default: profile/ beside the metrics file")
     """Profiler output directory; None: profile/ beside the metrics file."""
 
+    log_format: str = opt("graphcore", "(new) the step line: graphcore (the reference's) | megatron (Megatron-LM's "
+                          "`iteration N/ M | consumed samples: ...` for its users' log parsers)",
+                          choices=("graphcore", "megatron"))
+    """Layout of the step and validation lines."""
+
     def __post_init__(self) -> None:
         collect(positive(self, "log_steps"))
 
@@ -324,9 +365,12 @@ class EvalArgs:
     """Tokens to generate after training; 0: no sample."""
     sample_prompt: str = opt("\n", "(new) prompt of that sample")
     """Prompt of the sample."""
+    eval_iters: int | None = opt(None, "(new) score at most this many validation batches of one update's samples "
+                                 "each time (Megatron's --eval-iters; default: the whole validation set)")
+    """Validation batches (of samples_per_update sequences) per evaluation; None: all."""
 
     def __post_init__(self) -> None:
-        problems = positive(self, "eval_every_steps", optional=True)
+        problems = positive(self, "eval_every_steps", "eval_iters", optional=True)
         if self.sample_tokens < 0:
             problems.append("--sample-tokens must be >= 0")
         collect(problems)

@@ -4,7 +4,9 @@ seeded initialisation or a checkpoint, and the sample printed after training.
 Fine-tuning: `--checkpoint-input-dir` takes one of our checkpoints or any local Hugging Face GPT-2
 directory (`save_pretrained` output: config.json + model.safetensors or pytorch_model.bin). The
 run starts from its weights with a new optimizer, LR schedule and step count unless
-`--resume-training-from-checkpoint` continues the checkpoint's own. `--hidden-dropout` (residual
+`--resume-training-from-checkpoint` continues the checkpoint's own. A Megatron-LM `--save`
+directory (gpt2forge.model.megatron_checkpoint) is taken too, for its weights only: the Megatron
+run's optimizer and iteration are not resumed (Megatron's `--finetune`). `--hidden-dropout` (residual
 and embedding dropout, Megatron's meaning) and `--attention-dropout` override the config of a fresh
 or loaded model, and the checkpoints of the run record the values used.
 """
@@ -22,6 +24,7 @@ from gpt2forge.generate.generator import sample
 from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.model.megatron_checkpoint import is_megatron_checkpoint, load_megatron_checkpoint, megatron_model_config
 from gpt2forge.text.tokenizer import load_tokenizer
 from gpt2forge.train.config import ModelArgs, TrainConfig
 
@@ -33,8 +36,7 @@ def resolve_model_config(cfg: TrainConfig) -> tuple[ModelConfig, Path | None]:
     A fresh model gets n_positions = --max-len (the reference's behaviour).
     """
     if cfg.checkpoint.checkpoint_input_dir:
-        ckpt = resolve_checkpoint_dir(cfg.checkpoint.checkpoint_input_dir)
-        mcfg = load_model_config(ckpt)
+        ckpt, mcfg = checkpoint_model_config(cfg)
         if cfg.arch.max_len > mcfg.n_positions:
             raise UsageError(f"--max-len {cfg.arch.max_len} exceeds n_positions={mcfg.n_positions} of the checkpoint "
                              f"{ckpt}; use --max-len {mcfg.n_positions} or less")
@@ -42,10 +44,45 @@ def resolve_model_config(cfg: TrainConfig) -> tuple[ModelConfig, Path | None]:
             log.notice(f"--model-config is ignored: the checkpoint {ckpt} brings its own config.json")
         return apply_dropout_overrides(mcfg, cfg.arch), ckpt
     mcfg = ModelConfig.from_json(cfg.arch.model_config) if cfg.arch.model_config else ModelConfig.preset(cfg.arch.model)
-    mcfg.n_positions = cfg.arch.max_len
+    mcfg = apply_shape_overrides(mcfg, cfg.arch)
     if cfg.data.tokenizer_name_or_path:  # the data's tokenizer sets the vocabulary of a fresh model
         mcfg.vocab_size = load_tokenizer(cfg.data.tokenizer_name_or_path).vocab_size
     return apply_dropout_overrides(mcfg, cfg.arch), None
+
+
+def apply_shape_overrides(mcfg: ModelConfig, arch: ModelArgs) -> ModelConfig:
+    """A fresh model's shape: the config's, with n_positions = --max-position-embeddings (default
+    --max-len) and any of --num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size,
+    --init-method-std (Megatron's names) replacing its values."""
+    changes = {"n_positions": arch.max_position_embeddings or arch.max_len}
+    for field, value in (("n_layer", arch.num_layers), ("n_embd", arch.hidden_size),
+                         ("n_head", arch.num_attention_heads), ("n_inner", arch.ffn_hidden_size),
+                         ("initializer_range", arch.init_method_std)):
+        if value is not None:
+            changes[field] = value
+    width, heads = changes.get("n_embd", mcfg.n_embd), changes.get("n_head", mcfg.n_head)
+    if width % heads:
+        raise UsageError(f"hidden size {width} is not divisible by the number of attention heads {heads}; change "
+                         "--hidden-size or --num-attention-heads")
+    return dataclasses.replace(mcfg, **changes)
+
+
+def checkpoint_model_config(cfg: TrainConfig) -> tuple[Path, ModelConfig]:
+    """(directory, model shape) of --checkpoint-input-dir: ours, Hugging Face's or Megatron-LM's."""
+    path = cfg.checkpoint.checkpoint_input_dir
+    if not is_megatron_checkpoint(path):
+        ckpt = resolve_checkpoint_dir(path)
+        return ckpt, load_model_config(ckpt)
+    if cfg.checkpoint.resume_training_from_checkpoint:
+        raise UsageError(f"--checkpoint-input-dir {path}: a Megatron-LM checkpoint; its weights load here, its "
+                         "optimizer state and iteration do not: add --finetune (pretrain_gpt.py) or drop "
+                         "--resume-training-from-checkpoint")
+    return Path(path), megatron_model_config(path, vocab_size=_tokenizer_vocab(cfg))
+
+
+def _tokenizer_vocab(cfg: TrainConfig) -> int | None:
+    """The data's tokenizer's vocabulary when --tokenizer-name-or-path names one, else None."""
+    return load_tokenizer(cfg.data.tokenizer_name_or_path).vocab_size if cfg.data.tokenizer_name_or_path else None
 
 
 def apply_dropout_overrides(mcfg: ModelConfig, arch: ModelArgs) -> ModelConfig:
@@ -69,6 +106,10 @@ def build_model(cfg: TrainConfig, device: torch.device) -> tuple[GPT2LMHeadModel
     model = GPT2LMHeadModel(mcfg)
     if ckpt is None:
         model.init_weights(torch.Generator().manual_seed(cfg.data.seed))
+    elif is_megatron_checkpoint(ckpt):
+        _, state = load_megatron_checkpoint(ckpt, vocab_size=mcfg.vocab_size)
+        model.load_state_dict(state, strict=True)
+        log.info(f"loaded weights from the Megatron-LM checkpoint {ckpt}")
     else:
         load_weights(model, ckpt)
         log.info(f"loaded weights from {ckpt}")

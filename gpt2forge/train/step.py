@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -43,6 +44,7 @@ class Run:
     quick_eval: QuickEval | None = None  # --eval-wikitext/--eval-lambada, or None
     watchdog: Watchdog | None = None  # several processes: exits with a stack dump when training stalls
     nonfinite_in_a_row: int = 0  # updates skipped for non-finite gradients since the last good one
+    skipped_updates: int = 0  # updates skipped for non-finite gradients in this process's run
     grad_norm: float = 0.0  # the last update's global gradient norm (before clipping)
     eod: int | None = dataclasses.field(default=None, init=False)
     """The end-of-document id when a packed-document flag is on (--reset-position-ids,
@@ -134,13 +136,16 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
         _skip_update(run)
     run.scaler.update(finite)
     run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
+    with warnings.catch_warnings():  # a skipped update is still a step of the schedule, as in Megatron
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        run.scheduler.step()
     return totals
 
 
 def _skip_update(run: Run) -> None:
     """A non-finite gradient: no update, a notice, and the run stops after --max-nonfinite-updates in a row."""
     run.nonfinite_in_a_row += 1
+    run.skipped_updates += 1
     limit = run.cfg.optim.max_nonfinite_updates
     update = run.scheduler.last_epoch
     log.notice(f"update {update}: non-finite gradients, update skipped ({run.nonfinite_in_a_row} in a row, "
@@ -149,6 +154,16 @@ def _skip_update(run: Run) -> None:
         raise RunError(f"{limit} updates in a row had non-finite gradients (the last was update {update}); the "
                        "run diverged: lower --learning-rate, clip with --max-grad-norm, or resume from an earlier "
                        "checkpoint")
+
+
+def validation_subset(dataset: Dataset, cfg: TrainConfig) -> Dataset:
+    """The first --eval-iters batches of one update's samples of `dataset` (all of it without the
+    flag). The same windows every time, so evaluations compare across steps (Megatron draws the
+    next batches of its validation stream instead)."""
+    if cfg.eval.eval_iters is None or isinstance(dataset, ShardedStream):
+        return dataset
+    n = cfg.eval.eval_iters * cfg.samples_per_update
+    return dataset if n >= len(dataset) else torch.utils.data.Subset(dataset, range(n))
 
 
 @torch.no_grad()

@@ -53,6 +53,7 @@ from gpt2forge.parallel.memory_plan import (
 from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strategy
 from gpt2forge.parallel.topology import Layout, build_layout, report_layout, stages_of
 from gpt2forge.train.config import TrainConfig
+from gpt2forge.train.log_lines import StepReport, step_line, validation_lines
 from gpt2forge.train.memory import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
 from gpt2forge.train.model_setup import build_model, maybe_sample, resolve_model_config
@@ -61,7 +62,7 @@ from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
 from gpt2forge.train.signals import ExitRequested, agreed_signal, exit_notice, exit_signals
 from gpt2forge.train.state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
-from gpt2forge.train.step import Run, evaluate, train_step
+from gpt2forge.train.step import Run, evaluate, train_step, validation_subset
 
 
 def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoch: int,
@@ -199,8 +200,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     strategy = _build_strategy(cfg, env, layout, model, device, precision, accumulation, zero, offload)
     _print_stage_plan(cfg, env, layout, model, device, precision, accumulation, zero)
     optimizer = _build_optimizer(cfg, strategy, device)
-    scaler = LossScaler(precision == "fp16", 1.0 if cfg.runtime.auto_loss_scaling else cfg.runtime.loss_scaling,
-                        cfg.runtime.auto_loss_scaling)
+    rt = cfg.runtime
+    scaler = LossScaler(precision == "fp16", rt.initial_loss_scale if rt.auto_loss_scaling else rt.loss_scaling,
+                        rt.auto_loss_scaling, rt.loss_scale_window, rt.min_loss_scale, rt.loss_scale_hysteresis)
     if cfg.runtime.compile_only:
         return _compile_only(cfg, strategy, optimizer, scaler, device, precision)
 
@@ -244,8 +246,8 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
         if data.test is not None:
             with _paused(run):
                 test = evaluate(run, data.test)
-            log.info(f"test after step {progress.step}: loss {test[0]:.4f}, perplexity {test[1]:.2f}, "
-                     f"tokens {test[2]}")
+            for line in validation_lines(cfg.logging.log_format, progress.step, *test, split="test"):
+                log.info(line)
             monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
                                 "test_loss": test[0], "test_perplexity": test[1]})
     finally:
@@ -319,7 +321,8 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
             t_end = synchronize(run.device)
             loss, acc = loss_sum / max(tokens, 1), correct / max(tokens, 1)
             lr = run.optimizer.param_groups[0]["lr"]
-            samples_s, tokens_s, mfu = meter.rates(t_end - t_start)
+            step_s = t_end - t_start
+            samples_s, tokens_s, mfu = meter.rates(step_s)
             wait_pct = 100 * data_wait / (t_end - t_start)
             peak_gib = peak_memory_bytes(run.device) / 2**30
             reset_peak_memory(run.device)
@@ -333,11 +336,11 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 progress.step_in_epoch = 0
             last = progress.step >= total_steps
             if progress.step % cfg.logging.log_steps == 0 or last:
-                log.info(f"step {index_in_epoch} of epoch {epoch}, loss: {loss:.4f}, acc: {acc:.4f}, lr: {lr:.6g}, "
-                         f"throughput: {samples_s:.2f} samples/sec, tokens/s: {tokens_s:.1f}, MFU: {mfu}, "
-                         f"peak memory: {peak_gib:.2f} GiB, data wait: {wait_pct:.1f}%, "
-                         f"grad norm: {run.grad_norm:.4g}"
-                         f"{blend_shares(data.train, progress.step * cfg.samples_per_step)}")
+                log.info(step_line(cfg.logging.log_format, StepReport(
+                    progress.step, total_steps, index_in_epoch, epoch, loss, acc, lr, samples_s, tokens_s, mfu,
+                    peak_gib, wait_pct, run.grad_norm, step_s, progress.step * cfg.samples_per_step,
+                    cfg.samples_per_step, run.scaler.scale, run.skipped_updates,
+                    blend_shares(data.train, progress.step * cfg.samples_per_step))))
             monitor.step({"step": progress.step, "epoch": epoch, "tokens": progress.step * cfg.tokens_per_step,
                           "loss": loss, "acc": acc, "lr": lr, "grad_norm": run.grad_norm,
                           "loss_scale": run.scaler.scale, "samples_per_sec": samples_s,
@@ -368,8 +371,9 @@ def _evaluate(run: Run, data, progress: Progress, monitor: RunMonitor) -> tuple[
     zero-shot figures when asked (rank 0 alone, the other ranks wait)."""
     val = None
     if data.val is not None:
-        val = evaluate(run, data.val)
-        log.info(f"validation after step {progress.step}: loss {val[0]:.4f}, perplexity {val[1]:.2f}, tokens {val[2]}")
+        val = evaluate(run, validation_subset(data.val, run.cfg))
+        for line in validation_lines(run.cfg.logging.log_format, progress.step, *val):
+            log.info(line)
         monitor.validation({"step": progress.step, "tokens": progress.step * run.cfg.tokens_per_step,
                             "val_loss": val[0], "val_perplexity": val[1]})
     if run.quick_eval is not None:

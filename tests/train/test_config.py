@@ -32,7 +32,9 @@ FLAT_NAMES = {
     "replicated_tensor_sharding", "replication_factor", "resume_training_from_checkpoint", "sample_prompt",
     "sample_tokens", "save_per_epochs", "save_per_steps", "seed", "serialized_seq_len", "split", "stride",
     "tensorboard_dir", "tokenizer_name_or_path", "torch_compile", "training_steps", "use_wandb", "val_num",
-    "verify", "weight_decay", "zero_stage",
+    "verify", "weight_decay", "zero_stage", "offload", "device_memory_gib", "num_layers", "hidden_size",
+    "num_attention_heads", "ffn_hidden_size", "max_position_embeddings", "init_method_std", "log_format",
+    "eval_iters", "initial_loss_scale", "loss_scale_window", "min_loss_scale", "loss_scale_hysteresis",
 }
 
 

@@ -1,0 +1,78 @@
+"""The step and validation lines, in the reference's layout or Megatron-LM's (`--log-format`).
+
+Users' log parsers key on these lines, so each layout is kept to the character: the Graphcore
+reference's `step S of epoch E, loss: ...` (with this project's additions at the end), and
+Megatron-LM's `training_log` / `evaluate_and_print_results` lines (megatron/training/training.py):
+
+     [2026-11-24 19:40:12] iteration       10/     100 | consumed samples:           80 | elapsed time per
+    iteration (ms): 512.3 | learning rate: 1.500000E-04 | global batch size:     8 | lm loss: 7.123456E+00 |
+    loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |
+
+and the validation result between two rules of dashes:
+    ` validation loss at iteration 100 | lm loss value: 6.123456E+00 | lm loss PPL: 4.563210E+02 | `
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """What one logged step line says."""
+
+    step: int
+    """Updates done, counting from 1 (Megatron's iteration)."""
+    total_steps: int
+    index_in_epoch: int
+    epoch: int
+    loss: float
+    acc: float
+    lr: float
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: str
+    peak_memory_gib: float
+    data_wait_pct: float
+    grad_norm: float
+    seconds_per_step: float
+    """Mean wall time of the steps since the previous line."""
+    consumed_samples: int
+    global_batch: int
+    loss_scale: float
+    skipped: int
+    """Updates skipped so far (non-finite gradients)."""
+    blend: str = ""
+    """The realized blend shares (` | shares ...`), or empty."""
+
+
+def step_line(fmt: str, r: StepReport) -> str:
+    if fmt == "megatron":
+        return megatron_step_line(r)
+    return (f"step {r.index_in_epoch} of epoch {r.epoch}, loss: {r.loss:.4f}, acc: {r.acc:.4f}, lr: {r.lr:.6g}, "
+            f"throughput: {r.samples_per_s:.2f} samples/sec, tokens/s: {r.tokens_per_s:.1f}, MFU: {r.mfu}, "
+            f"peak memory: {r.peak_memory_gib:.2f} GiB, data wait: {r.data_wait_pct:.1f}%, "
+            f"grad norm: {r.grad_norm:.4g}{r.blend}")
+
+
+def megatron_step_line(r: StepReport, now: datetime | None = None) -> str:
+    stamp = (now or datetime.now()).strftime("%Y-%m-%d %H:%M:%S")
+    nan = 0 if math.isfinite(r.loss) else 1
+    return (f" [{stamp}] iteration {r.step:8d}/{r.total_steps:8d} | consumed samples: {r.consumed_samples:12d} | "
+            f"elapsed time per iteration (ms): {r.seconds_per_step * 1000.0:.1f} | learning rate: {r.lr:.6E} | "
+            f"global batch size: {r.global_batch:5d} | lm loss: {r.loss:.6E} | loss scale: {r.loss_scale:.1f} | "
+            f"grad norm: {r.grad_norm:.3f} | number of skipped iterations: {r.skipped:3d} | "
+            f"number of nan iterations: {nan:3d} |")
+
+
+def validation_lines(fmt: str, step: int, loss: float, perplexity: float, tokens: int, split: str = "validation"
+                     ) -> list[str]:
+    """The lines of one validation (or test: split="test") result."""
+    if fmt != "megatron":
+        return [f"{split} after step {step}: loss {loss:.4f}, perplexity {perplexity:.2f}, tokens {tokens}"]
+    where = f"iteration {step}" if split == "validation" else f"iteration {step} on {split} set"  # Megatron's prefix
+    text = f" validation loss at {where} | lm loss value: {loss:.6E} | lm loss PPL: {math.exp(min(20.0, loss)):.6E} | "
+    rule = "-" * (len(text) + 1)
+    return [rule, text, rule]

@@ -1,0 +1,460 @@
+"""Megatron-LM / Megatron-DeepSpeed command lines -> TrainConfig: `pretrain_gpt.py` and the older
+`pretrain_gpt2.py` take their users' flags and run the one trainer.
+
+`FLAGS` is the whole mapping, one row per Megatron flag: its spellings, its `--help` group (as
+Megatron groups them), what it becomes here and its help line. A row's target is one of
+- a TrainConfig field name: the value is stored there (after the row's type conversion);
+- a function `(value, values) -> None` for what takes more than a rename (batch sizes, the
+  precision, checkpoint loading);
+- `Refused("why")`: the flag exists in Megatron but has no meaning here; giving it stops with one
+  line that names it and says why (exit 2). Nothing is dropped silently.
+Megatron's defaults that differ from this trainer's are applied first (`MEGATRON_DEFAULTS`), so an
+omitted flag means what it means in Megatron (no warm-up, linear decay, weight decay 0.01, clip 1.0,
+log every 100 iterations, ...). The global batch becomes gradient accumulation: global / (micro x
+data-parallel size), where the data-parallel size is the world size over the pipeline size.
+`translate(argv)` returns the flat values; `equivalent_command(values)` prints the same run in
+`train_gpt2.py`'s own flags (`--print-equivalent`), which is what the tests compare against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpt2forge.core.errors import UsageError
+from gpt2forge.core.flags import flag
+from gpt2forge.text.tokenizer import is_gpt2_files
+from gpt2forge.train.config import FIELD_SECTION, TrainConfig
+
+GROUPS = ("model", "regularization", "training", "learning rate", "checkpointing", "mixed precision", "distributed",
+          "validation", "data and dataloader", "logging")
+"""Megatron's --help groups, in its order."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """A Megatron flag with no meaning here: `why` is the second half of its one-line error."""
+
+    why: str
+
+
+Target = str | Callable[[Any, dict], None] | Refused
+
+
+@dataclasses.dataclass(frozen=True)
+class MegatronFlag:
+    names: tuple[str, ...]
+    group: str
+    target: Target
+    help: str
+    type: Callable[[str], Any] | None = str
+    """Converts the value; None: a switch (no value, True when given)."""
+    nargs: str | None = None
+
+
+# -- the rules that take more than a rename -------------------------------------------------------------
+
+
+def _precision(name: str):
+    def apply(_value, values: dict) -> None:
+        values["precision"] = name
+    return apply
+
+
+def _static_loss_scale(value: float, values: dict) -> None:
+    values["_static_loss_scale"] = value
+
+
+def _loss_scaling(values: dict) -> None:
+    """Megatron's fp16: dynamic scaling from --initial-loss-scale unless --loss-scale fixes the scale."""
+    static = values.pop("_static_loss_scale", None)
+    if static is not None:
+        values["loss_scaling"] = static
+    if values.get("precision") == "fp16":
+        values["auto_loss_scaling"] = static is None
+
+
+def _data_path(value: list[str], values: dict) -> None:
+    values["dataset"] = "mmap"
+    values["input_files"] = value
+
+
+def _train_data(value: list[str], values: dict) -> None:
+    values["dataset"] = "jsonl"  # seed 001's loose JSON, one document per line
+    values["input_files"] = value
+
+
+def _data_impl(value: str, _values: dict) -> None:
+    if value not in ("mmap", "infer"):
+        raise UsageError(f"--data-impl {value}: only the mmap format (.bin/.idx) is read here; convert with "
+                         "`python data/preprocess_data.py --dataset-impl mmap`")
+
+
+def _tokenizer_type(value: str, _values: dict) -> None:
+    if value not in ("GPT2BPETokenizer", "PretrainedFromHF", "HuggingFaceTokenizer"):
+        raise UsageError(f"--tokenizer-type {value}: this GPT-2 trainer reads GPT2BPETokenizer or a Hugging Face "
+                         "tokenizer folder (PretrainedFromHF with --tokenizer-name-or-path DIR)")
+
+
+def _bpe_file(flag_name: str):
+    def apply(value: str, values: dict) -> None:
+        values.setdefault("_bpe_files", {})[flag_name] = value
+    return apply
+
+
+def _load(value: str, values: dict) -> None:
+    values["_load"] = value
+
+
+def _finetune(_value, values: dict) -> None:
+    values["_finetune"] = True
+
+
+def _no_load_state(flag_name: str):
+    def apply(_value, values: dict) -> None:
+        values.setdefault("_no_load", []).append(flag_name)
+    return apply
+
+
+def _recompute(_value, values: dict) -> None:
+    values["recompute_checkpoint_every_layer"] = True
+
+
+def _recompute_granularity(value: str, values: dict) -> None:
+    if value == "full":
+        values["recompute_checkpoint_every_layer"] = True
+    elif value != "selective":
+        raise UsageError(f"--recompute-granularity {value}: full or selective")
+    # selective recomputes the attention scores and softmax; attention here is fused (SDPA) and keeps
+    # no probabilities, so there is nothing to recompute: Megatron does the same with flash attention.
+
+
+def _tensor_parallel(value: int, values: dict) -> None:
+    if value != 1:
+        raise UsageError(f"--tensor-model-parallel-size {value}: tensor parallelism is not available in gpt2forge yet; "
+                         "use pipeline stages (--pipeline-model-parallel-size) and data parallelism (more processes), "
+                         "or ZeRO (--use-distributed-optimizer)")
+
+
+def _pipeline_parallel(value: int, values: dict) -> None:
+    values["_pipeline"] = value
+
+
+def _optimizer(value: str, values: dict) -> None:
+    if value != "adam":
+        raise UsageError(f"--optimizer {value}: only adam (Megatron's Adam with decoupled weight decay = AdamW) is "
+                         "available through pretrain_gpt.py; train_gpt2.py also has LAMB")
+    values["optimizer"] = "AdamW"
+
+
+def _distributed_optimizer(_value, values: dict) -> None:
+    values["zero_stage"] = 1
+
+
+def _accept(_value, _values: dict) -> None:
+    """Flags that ask for what this trainer always does."""
+
+
+def _decay_style(value: str, values: dict) -> None:
+    if value not in ("linear", "cosine", "constant"):
+        raise UsageError(f"--lr-decay-style {value}: linear, cosine or constant here (Megatron also has "
+                         "inverse-square-root and WSD, not available)")
+    values["lr_schedule"] = value
+
+
+def _switch_to(field_name: str, value: Any = True):
+    def apply(_value, values: dict) -> None:
+        values[field_name] = value
+    return apply
+
+
+def _csv(text: str) -> str:
+    return text.replace(" ", "")
+
+
+M = MegatronFlag
+FLAGS: tuple[MegatronFlag, ...] = (
+    # model
+    M(("--num-layers",), "model", "num_layers", "transformer blocks", int),
+    M(("--hidden-size",), "model", "hidden_size", "hidden (embedding) width", int),
+    M(("--num-attention-heads",), "model", "num_attention_heads", "attention heads", int),
+    M(("--ffn-hidden-size",), "model", "ffn_hidden_size", "MLP width (default 4 x hidden)", int),
+    M(("--seq-length",), "model", "max_len", "tokens per training sequence", int),
+    M(("--max-position-embeddings",), "model", "max_position_embeddings", "position table size (>= seq length)",
+      int),
+    M(("--init-method-std",), "model", "init_method_std", "standard deviation of the weight initialisation", float),
+    M(("--make-vocab-size-divisible-by",), "model",
+      Refused("the vocabulary is padded to a multiple of 64 here, as GPT-2 checkpoints do (padded rows never get "
+              "probability)"), "", int),
+    M(("--fp32-residual-connection", "--apply-query-key-layer-scaling", "--openai-gelu"), "model",
+      Refused("GPT-2's numerics are fixed here (exact GELU, fp32 LayerNorm and softmax statistics)"), "", None),
+    # regularization
+    M(("--hidden-dropout",), "regularization", "hidden_dropout", "residual and embedding dropout", float),
+    M(("--attention-dropout",), "regularization", "attention_dropout", "attention-probability dropout", float),
+    M(("--weight-decay",), "regularization", "weight_decay", "decoupled weight decay of the matrices", float),
+    M(("--clip-grad",), "regularization", "max_grad_norm", "clip the global gradient norm", float),
+    M(("--adam-beta1",), "regularization", "adam_beta1", "Adam beta1", float),
+    M(("--adam-beta2",), "regularization", "adam_beta2", "Adam beta2", float),
+    M(("--adam-eps",), "regularization", "adam_eps", "Adam epsilon", float),
+    # training
+    M(("--micro-batch-size", "--batch-size"), "training", "batch_size",
+      "sequences per forward/backward (--batch-size: the old name)", int),
+    M(("--global-batch-size",), "training", "_global_batch", "sequences per update, all replicas", int),
+    M(("--train-iters",), "training", "training_steps", "updates to train", int),
+    M(("--train-samples",), "training", "train_samples", "sequences to train (instead of --train-iters)", int),
+    M(("--optimizer",), "training", _optimizer, "adam"),
+    M(("--checkpoint-activations", "--recompute-activations"), "training", _recompute,
+      "recompute every block's activations in backward", None),
+    M(("--recompute-granularity",), "training", _recompute_granularity, "full | selective"),
+    M(("--checkpoint-num-layers", "--recompute-num-layers"), "training", _accept,
+      "blocks per recomputed chunk (every block is its own chunk here)", int),
+    M(("--recompute-method",), "training", _accept, "uniform | block (every block is recomputed here)"),
+    M(("--exit-signal-handler",), "training", _switch_to("exit_signal_handler"),
+      "save and exit on SIGTERM (on by default here)", None),
+    M(("--exit-interval", "--exit-duration-in-mins"), "training",
+      Refused("stop with --train-iters or a signal (SIGTERM/SIGUSR1 save a checkpoint and exit 0)"), "", int),
+    # learning rate
+    M(("--lr",), "learning rate", "learning_rate", "peak learning rate", float),
+    M(("--min-lr",), "learning rate", "min_lr", "learning-rate floor of the decay", float),
+    M(("--lr-decay-style",), "learning rate", _decay_style, "linear | cosine | constant"),
+    M(("--lr-decay-iters",), "learning rate", "lr_decay_steps", "decay length in updates", int),
+    M(("--lr-decay-samples",), "learning rate", "lr_decay_samples", "decay length in samples", int),
+    M(("--lr-warmup-fraction", "--warmup"), "learning rate", "lr_warmup",
+      "warm-up as a fraction of the decay (--warmup: the old name)", float),
+    M(("--lr-warmup-iters",), "learning rate", "lr_warmup_steps", "warm-up in updates", int),
+    M(("--lr-warmup-samples",), "learning rate", "lr_warmup_samples", "warm-up in samples", int),
+    # checkpointing
+    M(("--save",), "checkpointing", "checkpoint_output_dir", "checkpoint directory to write"),
+    M(("--load",), "checkpointing", _load,
+      "checkpoint directory to start from: resumes the run when it holds one (Megatron-LM checkpoints too)"),
+    M(("--save-interval",), "checkpointing", "save_per_steps", "save every N updates", int),
+    M(("--finetune",), "checkpointing", _finetune, "start from --load's weights: new optimizer, iteration 0", None),
+    M(("--no-load-optim",), "checkpointing", _no_load_state("--no-load-optim"),
+      "with --finetune (implied there)", None),
+    M(("--no-load-rng",), "checkpointing", _no_load_state("--no-load-rng"), "with --finetune (implied there)", None),
+    M(("--no-save-optim", "--no-save-rng"), "checkpointing",
+      Refused("checkpoints always hold the optimizer and RNG state so that a run resumes exactly"), "", None),
+    # mixed precision
+    M(("--fp16",), "mixed precision", _precision("fp16"), "fp16 autocast with loss scaling", None),
+    M(("--bf16",), "mixed precision", _precision("bf16"), "bf16 autocast", None),
+    M(("--loss-scale",), "mixed precision", _static_loss_scale, "static loss scale (default: dynamic)", float),
+    M(("--initial-loss-scale",), "mixed precision", "initial_loss_scale", "first dynamic loss scale", float),
+    M(("--min-loss-scale",), "mixed precision", "min_loss_scale", "floor of the dynamic loss scale", float),
+    M(("--loss-scale-window",), "mixed precision", "loss_scale_window",
+      "clean updates before the dynamic scale doubles", int),
+    M(("--hysteresis",), "mixed precision", "loss_scale_hysteresis",
+      "overflowing updates tolerated before the scale halves", int),
+    M(("--fp32-embedding",), "mixed precision", _accept, "the weights are fp32 masters here", None),
+    # distributed
+    M(("--tensor-model-parallel-size", "--model-parallel-size"), "distributed", _tensor_parallel,
+      "tensor-parallel size (1 here)", int),
+    M(("--pipeline-model-parallel-size",), "distributed", _pipeline_parallel,
+      "pipeline stages (blocks split evenly)", int),
+    M(("--sequence-parallel",), "distributed", _accept, "no effect without tensor parallelism (as in Megatron)",
+      None),
+    M(("--distributed-backend",), "distributed", _accept, "nccl | gloo: chosen by the device here"),
+    M(("--DDP-impl",), "distributed", _accept, "local | torch: torch's DDP here"),
+    M(("--use-distributed-optimizer",), "distributed", _distributed_optimizer,
+      "shard the optimizer state across replicas (ZeRO-1)", None),
+    M(("--local_rank", "--local-rank"), "distributed", _accept, "set by the launcher", int),
+    # validation
+    M(("--eval-interval",), "validation", "eval_every_steps", "validate every N updates", int),
+    M(("--eval-iters",), "validation", "eval_iters", "validation batches (of the global batch) each time", int),
+    # data and dataloader
+    M(("--data-path",), "data and dataloader", _data_path,
+      "mmap prefixes, optionally weighted: W1 P1 W2 P2 ...", str, "+"),
+    M(("--train-data",), "data and dataloader", _train_data, "loose JSON files, one document per line", str, "+"),
+    M(("--text-key", "--json-key"), "data and dataloader", "json_key", "the text field of --train-data"),
+    M(("--split",), "data and dataloader", "split", "train,valid,test proportions", _csv),
+    M(("--data-impl",), "data and dataloader", _data_impl, "mmap"),
+    M(("--vocab-file",), "data and dataloader", _bpe_file("--vocab-file"), "GPT-2 BPE vocabulary (json)"),
+    M(("--merge-file",), "data and dataloader", _bpe_file("--merge-file"), "GPT-2 BPE merges"),
+    M(("--tokenizer-type",), "data and dataloader", _tokenizer_type, "GPT2BPETokenizer | PretrainedFromHF"),
+    M(("--tokenizer-name-or-path", "--tokenizer-model"), "data and dataloader", "tokenizer_name_or_path",
+      "a local Hugging Face tokenizer folder"),
+    M(("--seed",), "data and dataloader", "seed", "random seed", int),
+    M(("--num-workers",), "data and dataloader", "num_workers", "data-loader worker processes", int),
+    M(("--cache-dir",), "data and dataloader", "data_cache_dir", "where tokenized --train-data is cached"),
+    M(("--lazy-loader", "--presplit-sentences", "--resume-dataloader"), "data and dataloader", _accept,
+      "(seed 001) the JSON is read lazily, sentences need no presplit, and resuming restores the data position "
+      "here", None),
+    M(("--reset-position-ids",), "data and dataloader", _switch_to("reset_position_ids"),
+      "positions restart after each end-of-document", None),
+    M(("--reset-attention-mask",), "data and dataloader", _switch_to("reset_attention_mask"),
+      "attention stays within each document", None),
+    M(("--eod-mask-loss",), "data and dataloader", _switch_to("eod_mask_loss"), "no loss after end-of-document",
+      None),
+    # logging
+    M(("--log-interval",), "logging", "log_steps", "print the step line every N updates", int),
+    M(("--tensorboard-dir",), "logging", "tensorboard_dir", "TensorBoard event files"),
+)
+
+MEGATRON_DEFAULTS: dict[str, Any] = {
+    "model": "gpt2", "lr_schedule": "linear", "lr_warmup": 0.0, "weight_decay": 0.01, "max_grad_norm": 1.0,
+    "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8, "log_steps": 100, "eval_every_steps": 1000,
+    "eval_iters": 100, "seed": 1234, "split": "969,30,1", "device_iterations": 1, "num_workers": 2,
+    "log_format": "megatron", "optimizer": "AdamW", "hidden_dropout": 0.1, "attention_dropout": 0.1,
+    "init_method_std": 0.02, "initial_loss_scale": 2.0 ** 32, "loss_scale_window": 1000, "min_loss_scale": 1.0,
+    "loss_scale_hysteresis": 2,
+}
+"""Megatron-LM's defaults where they differ from train_gpt2.py's (arguments.py of Megatron-LM)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's own message, as one line with the fix
+        if "unrecognized arguments" in message:
+            message += ("; pretrain_gpt.py takes the Megatron-LM flags listed by --help (docs/megatron.md has the "
+                        "mapping); train_gpt2.py's own flags go to train_gpt2.py")
+        raise UsageError(message)
+
+
+def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
+    """Megatron's flags in Megatron's groups; defaults SUPPRESSed, so only given flags appear."""
+    parser = _Parser(prog=prog, argument_default=argparse.SUPPRESS,
+                     description="Megatron-LM / Megatron-DeepSpeed GPT flags, run by gpt2forge's trainer.")
+    parser.add_argument("--print-equivalent", action="store_true",
+                        help="print the same run as a train_gpt2.py command line, then exit")
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    for i, row in enumerate(FLAGS):
+        kw: dict[str, Any] = {"dest": f"flag{i}", "help": _help(row)}
+        if row.type is None:
+            kw.update(action="store_const", const=True)
+        else:
+            kw.update(type=row.type, metavar=row.names[0].lstrip("-").replace("-", "_").upper())
+            if row.nargs:
+                kw["nargs"] = row.nargs
+        groups[row.group].add_argument(*row.names, **kw)
+    return parser
+
+
+def _help(row: MegatronFlag) -> str:
+    if isinstance(row.target, Refused):
+        return f"refused here: {row.target.why}"
+    if isinstance(row.target, str) and not row.target.startswith("_"):
+        return f"{row.help} (train_gpt2.py --{flag(row.target)})"
+    return row.help
+
+
+def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, Any]:
+    """Megatron argv -> the flat TrainConfig values (field name -> value) of the same run.
+
+    Raises:
+        UsageError: a refused flag, an unknown flag, a bad value, or batch sizes that do not divide.
+    """
+    given = vars(build_parser().parse_args(list(argv)))
+    given.pop("print_equivalent", None)
+    values: dict[str, Any] = dict(MEGATRON_DEFAULTS)
+    for key, value in given.items():
+        row = FLAGS[int(key.removeprefix("flag"))]
+        if isinstance(row.target, Refused):
+            raise UsageError(f"{row.names[0]}: {row.target.why}")
+        if isinstance(row.target, str):
+            values[row.target] = value
+        else:
+            row.target(value, values)
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    _batches(values, world_size)
+    _loss_scaling(values)
+    _checkpoints(values)
+    _tokenizer(values)
+    if "batch_size" not in values:
+        raise UsageError("--micro-batch-size is required (sequences per forward/backward)")
+    return values
+
+
+def _batches(values: dict, world_size: int) -> None:
+    """--global-batch-size -> gradient accumulation; --pipeline-model-parallel-size -> even stages."""
+    stages = values.pop("_pipeline", 1)
+    if world_size % stages:
+        raise UsageError(f"world size ({world_size}) is not divisible by the pipeline model parallel size ({stages})")
+    if stages > 1:
+        layers = values.get("num_layers", 12)
+        if layers % stages:
+            raise UsageError(f"number of layers ({layers}) should be divisible by the pipeline model parallel size "
+                             f"({stages})")
+        values["layers_per_ipu"] = [layers // stages] * stages
+        values["ipus_per_replica"] = stages
+    else:
+        values["ipus_per_replica"] = 1
+    data_parallel = world_size // stages
+    micro = values.get("batch_size")
+    glob = values.pop("_global_batch", None)
+    if micro is None:
+        return
+    if glob is None:
+        glob = micro * data_parallel  # Megatron's default global batch
+    if glob % (micro * data_parallel):
+        raise UsageError(f"global batch size ({glob}) is not divisible by micro batch size ({micro}) times data "
+                         f"parallel size ({data_parallel})")
+    values["gradient_accumulation"] = glob // (micro * data_parallel)
+    values["replication_factor"] = data_parallel
+
+
+def _checkpoints(values: dict) -> None:
+    """--load / --finetune / --no-load-*: resume, or start from the weights."""
+    load = values.pop("_load", None)
+    finetune = values.pop("_finetune", False)
+    no_load = values.pop("_no_load", [])
+    if no_load and not finetune:
+        raise UsageError(f"{no_load[0]} without --finetune: resuming restores the whole training state here; add "
+                         "--finetune to start from --load's weights with a new optimizer and iteration 0")
+    if finetune and not load:
+        raise UsageError("--finetune needs --load DIR (the checkpoint whose weights the run starts from)")
+    if load is None:
+        return
+    if finetune:
+        values["checkpoint_input_dir"] = load
+    elif load == values.get("checkpoint_output_dir"):
+        values["auto_resume"] = True  # Megatron's --load = --save: continue when a checkpoint is there
+    elif Path(load).exists():
+        values["checkpoint_input_dir"] = load
+        values["resume_training_from_checkpoint"] = True
+    # else: as Megatron, a --load with nothing in it starts from scratch
+
+
+def _tokenizer(values: dict) -> None:
+    files = values.pop("_bpe_files", {})
+    if not files:
+        return
+    if len(files) == 1:
+        raise UsageError(f"{next(iter(files))} needs its partner (--vocab-file and --merge-file come together)")
+    vocab, merges = Path(files["--vocab-file"]), Path(files["--merge-file"])
+    for name, path in files.items():
+        if not Path(path).is_file():
+            raise UsageError(f"{name} {path}: file not found")
+    if not is_gpt2_files(vocab, merges):
+        raise UsageError(f"--vocab-file {vocab}: not GPT-2's BPE vocabulary; put it and its merges in a folder as "
+                         "vocab.json + merges.txt and pass --tokenizer-type PretrainedFromHF "
+                         "--tokenizer-name-or-path FOLDER")
+    # GPT-2's own files: the built-in tokenizer is the same BPE
+
+
+def parse_args(argv: Sequence[str], world_size: int | None = None) -> TrainConfig:
+    """Megatron argv -> TrainConfig (validated as train_gpt2.py's flags are)."""
+    return TrainConfig.from_flat(translate(argv, world_size))
+
+
+def equivalent_command(values: dict[str, Any]) -> list[str]:
+    """`train_gpt2.py` arguments of the run `values` describes (one flag per field)."""
+    out = []
+    for name, value in values.items():
+        if name not in FIELD_SECTION:
+            continue
+        out.append(f"--{flag(name)}")
+        if isinstance(value, list):
+            out += [str(v) for v in value]
+        elif isinstance(value, bool):
+            out.append(str(value).lower())
+        else:
+            out.append(str(value))
+    return out
+
+
+def wants_equivalent(argv: Sequence[str]) -> bool:
+    """Whether argv asks for `--print-equivalent` (print the train_gpt2.py line instead of training)."""
+    return "--print-equivalent" in argv
+

@@ -1,0 +1,12 @@
+#!/usr/bin/env python3
+"""Megatron-LM's older `pretrain_gpt2.py` name for the same command as pretrain_gpt.py. See --help."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpt2forge.cli import megatron_main, run_script  # noqa: E402
+
+if __name__ == "__main__":
+    run_script(megatron_main)

@@ -1,0 +1,196 @@
+"""Megatron-LM command lines (`pretrain_gpt.py`, `pretrain_gpt2.py`) -> the one training config.
+
+The seed scripts' flag blocks are copied here as written, with only the data and vocabulary paths
+swapped for test files; seed 000 is Megatron-DeepSpeed's README, seed 001 Megatron-LM's older one.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from gpt2forge.core.errors import UsageError
+from gpt2forge.text.tokenizer import asset_dir
+from gpt2forge.train.megatron_args import FLAGS, build_parser, equivalent_command, parse_args, translate
+
+SEED_000_GPT_ARGS = """
+    --num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
+    --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 --lr 0.00015
+    --train-iters 500000 --lr-decay-iters 320000 --lr-decay-style cosine --vocab-file $VOCAB_FILE
+    --merge-file $MERGE_FILE --lr-warmup-fraction .01 --fp16
+"""
+SEED_000_OUTPUT_ARGS = ("--log-interval 10 --save-interval 500 --eval-interval 100 --eval-iters 10 "
+                        "--checkpoint-activations")
+SEED_000_DATA_ARGS = "--save $CHECKPOINT_PATH --load $CHECKPOINT_PATH --data-path $DATA_PATH"
+
+SEED_001_GPT2 = """
+       --num-layers 24 --hidden-size 1024 --num-attention-heads 16 --batch-size 8 --seq-length 1024
+       --max-position-embeddings 1024 --train-iters 320000 --save checkpoints/gpt2_345m
+       --load checkpoints/gpt2_345m --resume-dataloader --train-data wikipedia --lazy-loader
+       --tokenizer-type GPT2BPETokenizer --cache-dir cache --split 949,50,1 --distributed-backend nccl
+       --lr 0.00015 --lr-decay-style cosine --weight-decay 1e-2 --clip-grad 1.0 --warmup .01
+       --checkpoint-activations --fp16
+"""
+
+
+def seed_000_argv(tmp_path: Path) -> list[str]:
+    text = " ".join((SEED_000_GPT_ARGS, SEED_000_OUTPUT_ARGS, SEED_000_DATA_ARGS))
+    swaps = {"$VOCAB_FILE": str(asset_dir() / "vocab.json"), "$MERGE_FILE": str(asset_dir() / "merges.txt"),
+             "$CHECKPOINT_PATH": str(tmp_path / "checkpoints" / "gpt2"),
+             "$DATA_PATH": str(tmp_path / "my-gpt2_text_document")}
+    for var, value in swaps.items():
+        text = text.replace(var, value)
+    return shlex.split(text)
+
+
+def seed_001_argv(tmp_path: Path) -> list[str]:
+    text = SEED_001_GPT2.replace("checkpoints/gpt2_345m", str(tmp_path / "gpt2_345m"))
+    text = text.replace("--train-data wikipedia", f"--train-data {tmp_path / 'wikipedia.json'}")
+    return shlex.split(text.replace("--cache-dir cache", f"--cache-dir {tmp_path / 'cache'}"))
+
+
+def test_seed_000_gpt_args_become_the_same_run(tmp_path):
+    cfg = parse_args(seed_000_argv(tmp_path), world_size=1)
+    assert (cfg.arch.num_layers, cfg.arch.hidden_size, cfg.arch.num_attention_heads) == (24, 1024, 16)
+    assert cfg.arch.max_len == 1024 and cfg.arch.max_position_embeddings == 1024
+    # global 8 = micro 4 x accumulation 2 x 1 data-parallel replica
+    assert (cfg.parallel.batch_size, cfg.parallel.gradient_accumulation, cfg.parallel.replication_factor) == (4, 2, 1)
+    assert cfg.parallel.device_iterations == 1 and cfg.samples_per_update == 8
+    o = cfg.optim
+    assert (o.learning_rate, o.training_steps, o.lr_decay_steps, o.lr_schedule, o.lr_warmup) == \
+        (0.00015, 500000, 320000, "cosine", 0.01)
+    assert (o.optimizer, o.weight_decay, o.max_grad_norm, o.adam_eps, o.min_lr) == ("AdamW", 0.01, 1.0, 1e-8, 0.0)
+    r = cfg.runtime
+    assert (r.precision, r.auto_loss_scaling, r.initial_loss_scale, r.loss_scale_window, r.loss_scale_hysteresis) == \
+        ("fp16", True, 2.0 ** 32, 1000, 2)
+    assert cfg.memory.recompute_checkpoint_every_layer
+    assert (cfg.logging.log_steps, cfg.logging.log_format) == (10, "megatron")
+    assert (cfg.eval.eval_every_steps, cfg.eval.eval_iters, cfg.checkpoint.save_per_steps) == (100, 10, 500)
+    assert cfg.data.dataset == "mmap" and cfg.data.input_files == [str(tmp_path / "my-gpt2_text_document")]
+    assert cfg.data.split == "969,30,1" and cfg.data.seed == 1234
+    # --load = --save: continue from the latest checkpoint there when there is one
+    assert cfg.checkpoint.checkpoint_output_dir == str(tmp_path / "checkpoints" / "gpt2") and cfg.checkpoint.auto_resume
+
+
+def test_seed_001_pretrain_gpt2_flags_become_the_same_run(tmp_path):
+    cfg = parse_args(seed_001_argv(tmp_path), world_size=1)
+    assert cfg.parallel.batch_size == 8 and cfg.parallel.gradient_accumulation == 1
+    assert cfg.data.dataset == "jsonl" and cfg.data.input_files == [str(tmp_path / "wikipedia.json")]
+    assert cfg.data.split == "949,50,1" and cfg.data.data_cache_dir == str(tmp_path / "cache")
+    assert (cfg.optim.lr_warmup, cfg.optim.weight_decay, cfg.optim.max_grad_norm) == (0.01, 0.01, 1.0)
+    assert cfg.runtime.precision == "fp16" and cfg.memory.recompute_checkpoint_every_layer
+
+
+def test_megatron_defaults_apply_when_a_flag_is_left_out():
+    cfg = parse_args(["--micro-batch-size", "2", "--train-iters", "10", "--data-path", "x"], world_size=1)
+    o = cfg.optim
+    assert (o.lr_schedule, o.lr_warmup, o.weight_decay, o.max_grad_norm) == ("linear", 0.0, 0.01, 1.0)
+    assert cfg.logging.log_steps == 100 and cfg.eval.eval_iters == 100 and cfg.runtime.precision == "auto"
+
+
+def test_global_batch_over_data_parallel_replicas_and_pipeline_stages():
+    argv = ["--micro-batch-size", "2", "--global-batch-size", "16", "--num-layers", "4", "--data-path", "x"]
+    cfg = parse_args(argv + ["--pipeline-model-parallel-size", "2"], world_size=4)
+    # 4 processes = 2 stages x 2 replicas; 16 = 2 x accumulation 4 x 2 replicas
+    assert cfg.parallel.replication_factor == 2 and cfg.parallel.gradient_accumulation == 4
+    assert cfg.parallel.layers_per_ipu == [2, 2] and cfg.parallel.ipus_per_replica == 2
+    with pytest.raises(UsageError, match=r"global batch size \(16\) is not divisible by micro batch size \(2\) "
+                                         r"times data parallel size \(3\)"):
+        translate(argv, world_size=3)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tensor-model-parallel-size", "2"], "tensor parallelism is not available"),
+    (["--model-parallel-size", "4"], "tensor parallelism is not available"),
+    (["--no-save-optim"], "--no-save-optim: checkpoints always hold the optimizer"),
+    (["--optimizer", "sgd"], "--optimizer sgd: only adam"),
+    (["--no-load-optim"], "--no-load-optim without --finetune"),
+    (["--data-impl", "lazy"], "--data-impl lazy: only the mmap format"),
+    (["--tokenizer-type", "BertWordPieceLowerCase"], "--tokenizer-type BertWordPieceLowerCase"),
+    (["--lr-decay-style", "inverse-square-root"], "inverse-square-root"),
+    (["--vocab-file", "v.json"], "--vocab-file needs its partner"),
+    (["--num-experts", "8"], "unrecognized arguments: --num-experts 8; pretrain_gpt.py takes the Megatron-LM flags"),
+])
+def test_flags_without_a_meaning_here_are_one_line_errors(argv, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        translate(["--micro-batch-size", "1", "--data-path", "x", *argv], world_size=1)
+
+
+def test_finetune_starts_from_the_weights_of_load(tmp_path):
+    values = translate(["--micro-batch-size", "1", "--data-path", "x", "--load", str(tmp_path), "--finetune",
+                        "--no-load-optim", "--no-load-rng"], world_size=1)
+    assert values["checkpoint_input_dir"] == str(tmp_path) and "resume_training_from_checkpoint" not in values
+
+
+def test_help_groups_the_flags_as_megatron_does():
+    text = build_parser().format_help()
+    positions = [text.index(f"\n{group}:") for group in ("model", "regularization", "training", "learning rate",
+                                                          "checkpointing", "mixed precision", "distributed",
+                                                          "validation", "data and dataloader", "logging")]
+    assert positions == sorted(positions)
+    assert "(train_gpt2.py --learning-rate)" in text and "refused here:" in text
+    assert len({name for row in FLAGS for name in row.names}) == sum(len(row.names) for row in FLAGS)
+
+
+def test_equivalent_command_parses_to_the_same_config(tmp_path):
+    from gpt2forge.train.args import parse_args as our_parse_args  # the other front end, compared here
+
+    values = translate(seed_000_argv(tmp_path), world_size=1)
+    assert our_parse_args(equivalent_command(values)) == parse_args(seed_000_argv(tmp_path), world_size=1)
+
+
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--micro-batch-size", "2", "--train-iters", "3", "--log-interval", "1",
+        "--eval-interval", "3", "--eval-iters", "1", "--save-interval", "3", "--num-workers", "0"]
+"""Appended after a seed's flags (the last value wins, as in Megatron's argparse): a model and run
+small enough for the test suite; every other flag is the seed's as written."""
+
+
+def _step_lines(text: str) -> list[str]:
+    """The Megatron lines without their time stamp and elapsed time."""
+    lines = [line for line in text.splitlines() if "| lm loss:" in line]
+    return [line.split("] ", 1)[-1].split(" elapsed time")[0] + line.split("|", 3)[-1] for line in lines]
+
+
+def _corpus(tmp_path: Path) -> None:
+    import json
+
+    import numpy as np
+
+    from gpt2forge.data.indexed import IndexedWriter
+    from gpt2forge.text.tokenizer import load_tokenizer
+
+    rng = np.random.default_rng(0)
+    with IndexedWriter(tmp_path / "my-gpt2_text_document", np.uint16) as w:
+        for _ in range(200):
+            w.add_document(np.array([*rng.integers(0, 50000, int(rng.integers(20, 120))), 50256], dtype=np.int64))
+    tok = load_tokenizer()
+    words = [tok.decode([int(t)]) for t in rng.integers(0, 50000, 4000)]
+    with open(tmp_path / "wikipedia.json", "w") as f:
+        for i in range(0, 4000, 40):
+            f.write(json.dumps({"text": "".join(words[i:i + 40])}) + "\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed, extra, samples", [("000", ["--global-batch-size", "4"], 12),
+                                                   ("001", ["--batch-size", "2"], 6)])
+def test_seed_scripts_run_and_equal_the_same_run_in_our_flags(tmp_path, capsys, seed, extra, samples):
+    from gpt2forge.cli import megatron_main, train_main  # the two front ends compared
+
+    _corpus(tmp_path)
+    argv_of = {"000": seed_000_argv, "001": seed_001_argv}[seed]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for d in ("a", "b"):
+        for name in ("my-gpt2_text_document.bin", "my-gpt2_text_document.idx", "wikipedia.json"):
+            (tmp_path / d / name).symlink_to(tmp_path / name)
+    assert megatron_main([*argv_of(tmp_path / "a"), *TINY, *extra]) == 0
+    theirs = capsys.readouterr().out
+    ours_argv = equivalent_command(translate([*argv_of(tmp_path / "b"), *TINY, *extra], world_size=1))
+    assert train_main(ours_argv) == 0
+    ours = capsys.readouterr().out
+    assert len(_step_lines(theirs)) == 3 and _step_lines(theirs) == _step_lines(ours)
+    assert "validation loss at iteration 3 | lm loss value:" in theirs
+    assert f" iteration {3:8d}/{3:8d} | consumed samples: {samples:12d} |" in theirs  # Megatron's widths
