@@ -20,12 +20,27 @@ from gpt2forge.parallel.optimizer_state import model_group_names, named_state, t
 from gpt2forge.train.optim import OffloadedOptimizer, build_optimizer
 
 LR, DECAY = 1e-2, 0.1
+ZERO_KEY_BIAS_GRAD = len(sys.argv) > 1 and sys.argv[1] == "LAMB"  # see model()
+TOLERANCE = {"rtol": 1e-6, "atol": 1e-7}
+"""AdamW's; LAMB's trust-ratio norms are summed in another order by the host op (gpt2forge.ops.host_optim),
+which moves its updates by a few fp32 ulps: main() loosens it to rtol 1e-5, atol 1e-6 for LAMB."""
 
 
 def model() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    return GPT2LMHeadModel(ModelConfig(vocab_size=67, n_positions=16, n_embd=16, n_layer=2, n_head=2,
-                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    m = GPT2LMHeadModel(ModelConfig(vocab_size=67, n_positions=16, n_embd=16, n_layer=2, n_head=2,
+                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    for block in m.transformer.h.values() if ZERO_KEY_BIAS_GRAD else ():
+        # The key bias's true gradient is 0 (softmax ignores a per-query constant): it gets rounding
+        # noise, which LAMB's per-tensor trust ratio turns into +-lr steps that differ with any
+        # summation order (the host op's norms). Zeroed here, so the runs compare real updates.
+        block.attn.c_attn.bias.register_hook(_without_key_part)
+    return m
+
+
+def _without_key_part(grad: torch.Tensor) -> torch.Tensor:
+    C = grad.shape[0] // 3
+    return torch.cat((grad[:C], torch.zeros_like(grad[C:2 * C]), grad[2 * C:]))
 
 
 def train(models, opts, steps: int, seed: int) -> None:
@@ -43,14 +58,16 @@ def full(p: torch.Tensor) -> torch.Tensor:
 
 def assert_equal_params(a, b, what: str) -> None:
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(full(q.detach()), p.detach(), rtol=1e-6, atol=1e-7, msg=f"{what}: {name}")
+        p, q = p.detach(), full(q.detach())
+        torch.testing.assert_close(q, p, **TOLERANCE,
+                                   msg=lambda m, name=name: f"{what}: {name}: {m}")
 
 
 def assert_equal_state(got: dict, expected: dict) -> None:
     assert got["state"].keys() == expected["state"].keys()
     for key, entry in expected["state"].items():
         for k, v in entry.items():
-            torch.testing.assert_close(got["state"][key][k].float(), v.float(), rtol=1e-6, atol=1e-7,
+            torch.testing.assert_close(got["state"][key][k].float(), v.float(), **TOLERANCE,
                                        msg=f"state {key} {k}")
 
 
@@ -89,6 +106,8 @@ def checkpoint(m, opt, zero: int) -> list:
 
 
 def main(name: str, zero: int) -> None:
+    if name == "LAMB":
+        TOLERANCE.update(rtol=1e-5, atol=1e-6)
     dist.init_process_group("gloo")
     plain = model()
     plain_opt = build_optimizer(plain, name, LR, DECAY)
