@@ -12,6 +12,8 @@ Megatron's defaults that differ from this trainer's are applied first (`MEGATRON
 omitted flag means what it means in Megatron (no warm-up, linear decay, weight decay 0.01, clip 1.0,
 log every 100 iterations, ...). The global batch becomes gradient accumulation: global / (micro x
 data-parallel size), where the data-parallel size is the world size over the pipeline size.
+With `--deepspeed --deepspeed_config ds.json` the DeepSpeed config is applied on top
+(gpt2forge.train.deepspeed_config: ds.json wins for what DeepSpeed's engine owns, the flags for the rest).
 `translate(argv)` returns the flat values; `equivalent_command(values)` prints the same run in
 `train_gpt2.py`'s own flags (`--print-equivalent`), which is what the tests compare against.
 """
@@ -25,14 +27,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import flag
 from gpt2forge.text.tokenizer import is_gpt2_files
 from gpt2forge.train.config import FIELD_SECTION, TrainConfig
+from gpt2forge.train.deepspeed_config import apply_deepspeed_config
 
 GROUPS = ("model", "regularization", "training", "learning rate", "checkpointing", "mixed precision", "distributed",
-          "validation", "data and dataloader", "logging")
-"""Megatron's --help groups, in its order."""
+          "validation", "data and dataloader", "logging", "DeepSpeed")
+"""Megatron's --help groups, in its order (Megatron-DeepSpeed's DeepSpeed flags last)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,6 +295,24 @@ FLAGS: tuple[MegatronFlag, ...] = (
     # logging
     M(("--log-interval",), "logging", "log_steps", "print the step line every N updates", int),
     M(("--tensorboard-dir",), "logging", "tensorboard_dir", "TensorBoard event files"),
+    # DeepSpeed (Megatron-DeepSpeed's arguments.py and deepspeed.add_config_arguments)
+    M(("--deepspeed", "--deepscale"), "DeepSpeed", _switch_to("_deepspeed"),
+      "read --deepspeed_config (ds.json) as DeepSpeed's engine would", None),
+    M(("--deepspeed_config", "--deepspeed-config", "--deepscale_config"), "DeepSpeed", "_deepspeed_config",
+      "ds.json: batch sizes, clipping, fp16/bf16, ZeRO, optimizer and scheduler (docs/megatron.md)"),
+    M(("--zero-stage", "--zero_stage"), "DeepSpeed", "zero_stage",
+      "ZeRO stage 0-3 (ds.json's zero_optimization.stage wins)", int),
+    M(("--cpu-optimizer",), "DeepSpeed", _switch_to("offload", "optimizer"),
+      "optimizer state and update in host memory (--offload optimizer)", None),
+    M(("--deepspeed-activation-checkpointing",), "DeepSpeed", _accept,
+      "DeepSpeed's implementation of --checkpoint-activations: torch's here", None),
+    M(("--partition-activations",), "DeepSpeed", _accept,
+      "no effect without tensor parallelism (as in DeepSpeed)", None),
+    M(("--checkpoint-in-cpu",), "DeepSpeed",
+      Refused("checkpointed activations stay on the device here; --checkpoint-activations recomputes them"), "",
+      None),
+    M(("--no-pipeline-parallel",), "DeepSpeed", _accept,
+      "the model runs unsplit without --pipeline-model-parallel-size", None),
 )
 
 MEGATRON_DEFAULTS: dict[str, Any] = {
@@ -347,16 +369,21 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
     """
     given = vars(build_parser().parse_args(list(argv)))
     given.pop("print_equivalent", None)
-    values: dict[str, Any] = dict(MEGATRON_DEFAULTS)
+    flagged: dict[str, Any] = {}
+    set_by: dict[str, str] = {}  # field -> the flag that set it, for ds.json's precedence notices
     for key, value in given.items():
         row = FLAGS[int(key.removeprefix("flag"))]
         if isinstance(row.target, Refused):
             raise UsageError(f"{row.names[0]}: {row.target.why}")
+        before = dict(flagged)
         if isinstance(row.target, str):
-            values[row.target] = value
+            flagged[row.target] = value
         else:
-            row.target(value, values)
+            row.target(value, flagged)
+        set_by.update({name: row.names[0] for name in flagged if name not in before or flagged[name] != before[name]})
+    values: dict[str, Any] = {**MEGATRON_DEFAULTS, **flagged}
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    _deepspeed(values, set_by, world_size)
     _batches(values, world_size)
     _loss_scaling(values)
     _checkpoints(values)
@@ -366,11 +393,32 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
     return values
 
 
-def _batches(values: dict, world_size: int) -> None:
-    """--global-batch-size -> gradient accumulation; --pipeline-model-parallel-size -> even stages."""
-    stages = values.pop("_pipeline", 1)
+def _data_parallel(values: dict, world_size: int) -> int:
+    """Replicas: the world size over the pipeline stages (tensor parallelism is 1)."""
+    stages = values.get("_pipeline", 1)
     if world_size % stages:
         raise UsageError(f"world size ({world_size}) is not divisible by the pipeline model parallel size ({stages})")
+    return world_size // stages
+
+
+def _deepspeed(values: dict, set_by: dict[str, str], world_size: int) -> None:
+    """--deepspeed --deepspeed_config ds.json: DeepSpeed's config on top of the flags (as Megatron-DeepSpeed,
+    without --deepspeed the file is not read)."""
+    path = values.pop("_deepspeed_config", None)
+    enabled = values.pop("_deepspeed", False)
+    if enabled and path is None:
+        raise UsageError("--deepspeed needs --deepspeed_config ds.json (DeepSpeed's engine reads its batch sizes, "
+                         "precision and ZeRO stage from it)")
+    if path is not None and not enabled:
+        log.notice(f"--deepspeed_config {path} is not read without --deepspeed (as in Megatron-DeepSpeed)")
+    elif path is not None:
+        apply_deepspeed_config(path, values, set_by, _data_parallel(values, world_size))
+
+
+def _batches(values: dict, world_size: int) -> None:
+    """--global-batch-size -> gradient accumulation; --pipeline-model-parallel-size -> even stages."""
+    data_parallel = _data_parallel(values, world_size)
+    stages = values.pop("_pipeline", 1)
     if stages > 1:
         layers = values.get("num_layers", 12)
         if layers % stages:
@@ -380,7 +428,6 @@ def _batches(values: dict, world_size: int) -> None:
         values["ipus_per_replica"] = stages
     else:
         values["ipus_per_replica"] = 1
-    data_parallel = world_size // stages
     micro = values.get("batch_size")
     glob = values.pop("_global_batch", None)
     if micro is None:

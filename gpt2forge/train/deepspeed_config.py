@@ -1,0 +1,336 @@
+"""DeepSpeed's `ds.json` -> TrainConfig values: what `--deepspeed --deepspeed_config ds.json` means on a
+Megatron-DeepSpeed command line (`pretrain_gpt.py`, gpt2forge.train.megatron_args).
+
+Precedence is Megatron-DeepSpeed's. Its DeepSpeed engine owns the batch sizes, gradient clipping, fp16/bf16
+with the loss scaling, and the ZeRO stage with offload, so ds.json's values win there over Megatron's flags
+(a flag given with another value is named in a notice). Megatron-DeepSpeed hands `deepspeed.initialize` its
+own optimizer and LR scheduler, built from the flags, and DeepSpeed then never reads ds.json's `optimizer`
+and `scheduler` blocks: here the flags still win, and the blocks (and `steps_per_print`) fill in what the
+command line leaves out, in place of Megatron's defaults.
+
+Batch sizes follow DeepSpeed's rule (`deepspeed/runtime/config.py`, `_set_batch_related_parameters` and
+`_batch_assertion`): train_batch_size = micro batch x accumulation x data-parallel size; any two of the
+three give the third, one alone means accumulation 1, and a disagreement stops with DeepSpeed's own words.
+The data-parallel size is the world size over the pipeline stages.
+
+`KEYS` lists every key read, with what it becomes here (docs/megatron.md shows it). Any other key is named in
+one notice as ignored; values this trainer cannot reproduce (a log-shaped warm-up, NVMe offload, another
+optimizer or scheduler) stop with one line that says what to write instead (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gpt2forge.core import log
+from gpt2forge.core.errors import UsageError
+
+KEYS: dict[str, str] = {
+    "train_batch_size": "the global batch (gradient accumulation = it / (micro x data-parallel size))",
+    "train_micro_batch_size_per_gpu": "`--batch-size` (Megatron's `--micro-batch-size`)",
+    "gradient_accumulation_steps": "`--gradient-accumulation`",
+    "gradient_clipping": "`--max-grad-norm` (0: no clipping)",
+    "steps_per_print": "`--log-steps` (unless `--log-interval` is given)",
+    "fp16.enabled": "`--precision fp16`",
+    "fp16.loss_scale": "0: `--auto-loss-scaling true` (dynamic); else `--loss-scaling` (static)",
+    "fp16.initial_scale_power": "`--initial-loss-scale` 2**power (dynamic scaling; default 16)",
+    "fp16.loss_scale_window": "`--loss-scale-window` (default 1000)",
+    "fp16.hysteresis": "`--loss-scale-hysteresis` (default 2)",
+    "fp16.min_loss_scale": "`--min-loss-scale` (default 1)",
+    "fp16.consecutive_hysteresis": "false only (the hysteresis refills when the scale grows, as Megatron's)",
+    "bf16.enabled": "`--precision bf16` (also the older `bfloat16` block)",
+    "zero_optimization.stage": "`--zero-stage` 0-3",
+    "zero_optimization.offload_optimizer.device": "cpu: `--offload optimizer`; none: `--offload none`",
+    "zero_optimization.offload_optimizer.pin_memory": "(accepted: host buffers are always pinned here)",
+    "zero_optimization.offload_param.device": "cpu with stage 3: `--offload full` (DeepSpeed reads it only in "
+                                              "ZeRO-3)",
+    "zero_optimization.offload_param.pin_memory": "(accepted: host buffers are always pinned here)",
+    "optimizer.type": "Adam (with `adam_w_mode` true, DeepSpeed's default) and AdamW: `--optimizer AdamW`; Adam "
+                      "with `adam_w_mode` false: `--optimizer Adam` (L2 weight decay)",
+    "optimizer.params.lr": "`--learning-rate` (DeepSpeed's default 1e-3)",
+    "optimizer.params.betas": "`--adam-beta1`, `--adam-beta2`",
+    "optimizer.params.eps": "`--adam-eps`",
+    "optimizer.params.weight_decay": "`--weight-decay` (DeepSpeed's default 0)",
+    "optimizer.params.adam_w_mode": "see optimizer.type",
+    "optimizer.params.torch_adam": "(accepted: torch's fused Adam runs here)",
+    "scheduler.type": "WarmupLR: `--lr-schedule constant`; WarmupDecayLR: `linear`; WarmupCosineLR: `cosine`",
+    "scheduler.params.warmup_type": "linear only (DeepSpeed's default is log: write \"linear\")",
+    "scheduler.params.warmup_num_steps": "`--lr-warmup-steps` (at least 2, as DeepSpeed; default 1000)",
+    "scheduler.params.warmup_min_lr": "0 only (the warm-up starts at 0 here)",
+    "scheduler.params.warmup_min_ratio": "0 only (WarmupCosineLR)",
+    "scheduler.params.warmup_max_lr": "`--learning-rate` (WarmupLR: default the optimizer's; WarmupDecayLR: 1e-3)",
+    "scheduler.params.total_num_steps": "`--lr-decay-steps` (WarmupDecayLR, WarmupCosineLR)",
+    "scheduler.params.cos_min_ratio": "`--min-lr` = ratio x learning rate (WarmupCosineLR; default 0.0001)",
+    "scheduler.params.last_batch_iteration": "-1 only (resuming restores the schedule's position here)",
+}
+"""Every ds.json key read (dotted path) -> what it becomes here."""
+
+SCHEDULES = {"WarmupLR": "constant", "WarmupDecayLR": "linear", "WarmupCosineLR": "cosine"}
+
+
+def load_ds_config(path: str) -> dict[str, Any]:
+    """The ds.json at `path` as a dict.
+
+    Raises:
+        UsageError: the file is missing, not JSON, or not one JSON object.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"--deepspeed_config {path}: cannot read it ({e.strerror}); pass the path of the "
+                         "DeepSpeed JSON config") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--deepspeed_config {path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno});"
+                         " fix the file (comments and trailing commas are not JSON)") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"--deepspeed_config {path}: holds a JSON {type(config).__name__}, not an object; "
+                         "DeepSpeed's config is one {...} object")
+    return config
+
+
+def resolve_batch(train: int | None, micro: int | None, accumulation: int | None,
+                  world_size: int) -> tuple[int, int, int]:
+    """(train_batch_size, micro batch, accumulation) by DeepSpeed's rule, any two giving the third.
+
+    Args:
+        train, micro, accumulation: ds.json's `train_batch_size`, `train_micro_batch_size_per_gpu`,
+            `gradient_accumulation_steps` (None: not given).
+        world_size: the data-parallel size DeepSpeed divides by.
+
+    Raises:
+        UsageError: with DeepSpeed's assertion text, when they disagree or too few are given.
+    """
+    if train is not None and micro is not None and accumulation is None:
+        accumulation = train // micro // world_size
+    elif train is not None and accumulation is not None and micro is None:
+        micro = train // world_size // accumulation
+    elif micro is not None and accumulation is not None and train is None:
+        train = micro * accumulation * world_size
+    elif train is not None and micro is None and accumulation is None:
+        accumulation, micro = 1, train // world_size
+    elif micro is not None and train is None and accumulation is None:
+        train, accumulation = micro * world_size, 1
+    elif train is None or micro is None or accumulation is None:
+        raise UsageError("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided")
+    for value, what in ((train, f"Train batch size: {train}"), (micro, f"Micro batch size per gpu: {micro}"),
+                        (accumulation, f"Gradient accumulation steps: {accumulation}")):
+        if value <= 0:
+            raise UsageError(f"{what} has to be greater than 0")
+    if train != micro * accumulation * world_size:
+        raise UsageError("Check batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+                         f"gradient_acc_step * world_size {train} != {micro} * {accumulation} * {world_size}")
+    return train, micro, accumulation
+
+
+class _Apply:
+    """One ds.json applied to one run's values; `set_by` maps the fields the command line gave to its flag."""
+
+    def __init__(self, path: str, config: dict, values: dict, set_by: dict[str, str]):
+        self.path, self.config, self.values, self.set_by = path, config, values, set_by
+        self.ignored: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        assert key in KEYS, key  # every key read is documented
+        node: Any = self.config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        if node == "auto":
+            raise UsageError(f"{self.path}: {key} is \"auto\", which Hugging Face's Trainer fills in, not DeepSpeed; "
+                             "write the value")
+        return node
+
+    def has(self, key: str) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def engine(self, field: str, value: Any, key: str) -> None:
+        """ds.json wins (DeepSpeed's engine owns it): a command-line value that differs is named."""
+        flag = self.set_by.get(field)
+        if flag is not None and self.values.get(field) != value:
+            log.notice(f"{key} {value} in {self.path} replaces {flag} {self.values.get(field)}: DeepSpeed's engine "
+                       "takes ds.json's")
+        self.values[field] = value
+
+    def fill(self, fields: tuple[str, ...], value: Any, key: str) -> None:
+        """The command line wins (Megatron-DeepSpeed builds it from the flags): ds.json fills fields[0] when none
+        of `fields` (one setting's spellings, e.g. the warm-up in updates, samples or as a fraction) was given."""
+        given = next((f for f in fields if f in self.set_by), None)
+        if given is None:
+            self.values[fields[0]] = value
+        elif given != fields[0] or self.values.get(given) != value:
+            log.notice(f"{self.set_by[given]} {self.values.get(given)} wins over {key} {value} in {self.path}: "
+                       "Megatron-DeepSpeed builds the optimizer, its schedule and its log from the flags")
+
+    def refuse(self, key: str, value: Any, fix: str) -> UsageError:
+        return UsageError(f"{self.path}: {key} {json.dumps(value)}: {fix}")
+
+
+_MISSING = object()
+
+
+def apply_deepspeed_config(path: str, values: dict, set_by: dict[str, str], data_parallel: int) -> None:
+    """Apply the ds.json at `path` to the flat TrainConfig `values` of a Megatron command line, in place.
+
+    Args:
+        path: the `--deepspeed_config` file.
+        values: flat TrainConfig values (Megatron's defaults, then the flags); the global batch goes to
+            `values["_global_batch"]`, fp16's static scale to `values["_static_loss_scale"]`, as the flags do.
+        set_by: fields the command line gave -> the Megatron flag that gave them (for the precedence notices).
+        data_parallel: the data-parallel size (world size / pipeline stages), DeepSpeed's `world_size`.
+
+    Raises:
+        UsageError: an unreadable file, batch sizes that disagree, or a value that cannot be reproduced here.
+    """
+    config = load_ds_config(path)
+    if "bfloat16" in config and "bf16" not in config:  # the older name, read by DeepSpeed when bf16 is absent
+        config["bf16"] = config.pop("bfloat16")
+    a = _Apply(path, config, values, set_by)
+    _batches(a, data_parallel)
+    clip = a.get("gradient_clipping")
+    if clip is not None:
+        a.engine("max_grad_norm", float(clip) if clip else None, "gradient_clipping")
+    _precision(a)
+    _zero(a)
+    _optimizer(a)
+    _scheduler(a)
+    if a.get("steps_per_print") is not None:
+        a.fill(("log_steps",), int(a.get("steps_per_print")), "steps_per_print")
+    ignored = [key for key in _leaves(config) if key not in KEYS] + a.ignored
+    if ignored:
+        log.notice(f"{path}: no meaning here, ignored: {', '.join(ignored)}")
+
+
+def _leaves(node: dict, prefix: str = "") -> list[str]:
+    """Dotted paths of the leaves of a JSON object (lists are leaves)."""
+    out = []
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        out += _leaves(value, path + ".") if isinstance(value, dict) and value else [path]
+    return out
+
+
+def _whole(a: _Apply, key: str) -> int | None:
+    value = a.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise a.refuse(key, value, "must be a whole number")
+    return value
+
+
+def _batches(a: _Apply, data_parallel: int) -> None:
+    train, micro, _ = resolve_batch(_whole(a, "train_batch_size"), _whole(a, "train_micro_batch_size_per_gpu"),
+                                    _whole(a, "gradient_accumulation_steps"), data_parallel)
+    a.engine("batch_size", micro, "train_micro_batch_size_per_gpu")
+    a.engine("_global_batch", train, "train_batch_size")
+
+
+def _precision(a: _Apply) -> None:
+    fp16, bf16 = bool(a.get("fp16.enabled", False)), bool(a.get("bf16.enabled", False))
+    if fp16 and bf16:
+        raise UsageError(f"{a.path}: bfloat16 and fp16 modes cannot be simultaneously enabled")
+    if bf16:
+        a.engine("precision", "bf16", "bf16.enabled")
+    elif not fp16:
+        if "fp16" in a.config or "bf16" in a.config:  # blocks present, both off: DeepSpeed runs fp32
+            a.engine("precision", "fp32", "fp16.enabled")
+        return  # no block: the flags decide
+    else:
+        a.engine("precision", "fp16", "fp16.enabled")
+        if a.get("fp16.consecutive_hysteresis", False):
+            raise a.refuse("fp16.consecutive_hysteresis", True, "the hysteresis refills only when the scale grows "
+                           "here (Megatron's and DeepSpeed's default); remove the key")
+        static = a.get("fp16.loss_scale", 0)
+        if static:
+            a.engine("_static_loss_scale", float(static), "fp16.loss_scale")
+            return
+        if "_static_loss_scale" in a.values:
+            log.notice(f"fp16.loss_scale 0 (dynamic) in {a.path} replaces {a.set_by['_static_loss_scale']} "
+                       f"{a.values.pop('_static_loss_scale')}: DeepSpeed's engine takes ds.json's")
+        a.engine("initial_loss_scale", 2.0 ** a.get("fp16.initial_scale_power", 16), "fp16.initial_scale_power")
+        a.engine("loss_scale_window", int(a.get("fp16.loss_scale_window", 1000)), "fp16.loss_scale_window")
+        a.engine("loss_scale_hysteresis", int(a.get("fp16.hysteresis", 2)), "fp16.hysteresis")
+        a.engine("min_loss_scale", float(a.get("fp16.min_loss_scale", 1)), "fp16.min_loss_scale")
+
+
+def _offload_device(a: _Apply, key: str) -> str:
+    device = a.get(key, "none")
+    if device not in ("cpu", "none"):
+        raise a.refuse(key, device, "only cpu offload (pinned host memory) is available here; write \"cpu\"")
+    return device
+
+
+def _zero(a: _Apply) -> None:
+    if "zero_optimization" not in a.config:
+        return
+    stage = a.get("zero_optimization.stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise a.refuse("zero_optimization.stage", stage, "ZeRO stages are 0, 1, 2 and 3")
+    a.engine("zero_stage", stage, "zero_optimization.stage")
+    optimizer = _offload_device(a, "zero_optimization.offload_optimizer.device")
+    params = _offload_device(a, "zero_optimization.offload_param.device")
+    if params == "cpu" and stage != 3:
+        a.ignored.append("zero_optimization.offload_param (read by DeepSpeed in stage 3 only)")
+    if params == "cpu" and stage == 3:
+        a.engine("offload", "full", "zero_optimization.offload_param.device")
+    elif a.has("zero_optimization.offload_optimizer.device"):
+        a.engine("offload", "optimizer" if optimizer == "cpu" else "none",
+                 "zero_optimization.offload_optimizer.device")
+
+
+def _optimizer(a: _Apply) -> None:
+    if "optimizer" not in a.config:
+        return
+    kind = str(a.get("optimizer.type", ""))
+    if kind.lower() not in ("adam", "adamw"):
+        raise a.refuse("optimizer.type", kind, "Adam or AdamW through pretrain_gpt.py (train_gpt2.py also has LAMB)")
+    adam_w = kind.lower() == "adamw" or bool(a.get("optimizer.params.adam_w_mode", True))
+    a.fill(("optimizer",), "AdamW" if adam_w else "Adam", "optimizer.type")
+    a.fill(("learning_rate",), float(a.get("optimizer.params.lr", 1e-3)), "optimizer.params.lr")
+    beta1, beta2 = a.get("optimizer.params.betas", [0.9, 0.999])
+    a.fill(("adam_beta1",), float(beta1), "optimizer.params.betas")
+    a.fill(("adam_beta2",), float(beta2), "optimizer.params.betas")
+    a.fill(("adam_eps",), float(a.get("optimizer.params.eps", 1e-8)), "optimizer.params.eps")
+    a.fill(("weight_decay",), float(a.get("optimizer.params.weight_decay", 0.0)), "optimizer.params.weight_decay")
+
+
+_WARMUP = ("lr_warmup_steps", "lr_warmup", "lr_warmup_samples")
+_DECAY = ("lr_decay_steps", "lr_decay_samples")
+
+
+def _scheduler(a: _Apply) -> None:
+    if "scheduler" not in a.config:
+        return
+    kind = a.get("scheduler.type")
+    if kind not in SCHEDULES:
+        raise a.refuse("scheduler.type", kind, f"{', '.join(SCHEDULES)} here (or drop the block and use "
+                       "--lr-decay-style)")
+    warmup_type = a.get("scheduler.params.warmup_type", "log")
+    if warmup_type != "linear":
+        raise a.refuse("scheduler.params.warmup_type", warmup_type, "the warm-up here is linear (DeepSpeed's "
+                       "default is log): add \"warmup_type\": \"linear\" to the scheduler's params")
+    for key in ("scheduler.params.warmup_min_lr", "scheduler.params.warmup_min_ratio"):
+        if a.get(key, 0):
+            raise a.refuse(key, a.get(key), "the warm-up starts at 0 here; write 0")
+    if a.get("scheduler.params.last_batch_iteration", -1) != -1:
+        raise a.refuse("scheduler.params.last_batch_iteration", a.get("scheduler.params.last_batch_iteration"),
+                       "resuming restores the schedule's position here; remove the key")
+    steps = a.get("scheduler.params.warmup_num_steps", 1000)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+        raise UsageError(f"{a.path}: warmup_num_steps must be a positive integer, got {steps}")  # DeepSpeed's words
+    peak = a.get("scheduler.params.warmup_max_lr", 1e-3 if kind == "WarmupDecayLR" else None)
+    if peak is not None and kind != "WarmupCosineLR":
+        a.fill(("learning_rate",), float(peak), "scheduler.params.warmup_max_lr")
+    a.fill(("lr_schedule",), SCHEDULES[kind], "scheduler.type")
+    a.fill(_WARMUP, max(2, steps), "scheduler.params.warmup_num_steps")
+    if kind == "WarmupLR":
+        return
+    total = a.get("scheduler.params.total_num_steps")
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+        raise a.refuse("scheduler.params.total_num_steps", total, f"{kind} needs the schedule length in updates")
+    a.fill(_DECAY, total, "scheduler.params.total_num_steps")
+    floor = float(a.get("scheduler.params.cos_min_ratio", 0.0001)) if kind == "WarmupCosineLR" else 0.0
+    a.fill(("min_lr",), floor * a.values.get("learning_rate", 0.0), "scheduler.params.cos_min_ratio")
