@@ -86,7 +86,7 @@ class Attention(nn.Module):
         `documents` (packed documents, without kv and last): a token attends within its document only."""
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)  # -1: a TP shard's heads
         dropout_p = self.attn_pdrop if self.training else 0.0
         if kv is not None:
             y = kv.attend(q, k, v, self.scale)
@@ -102,7 +102,7 @@ class Attention(nn.Module):
             y = causal_attention_dropout(q, k, v, self.attn_pdrop, self.scale)
         else:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, n_head, T, hd) -> (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, n_head, T, hd) -> (B, T, n_head * hd)
         return self.resid_dropout(self.c_proj(y))
 
     def _document_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: DocumentMask,

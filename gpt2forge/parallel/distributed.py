@@ -54,26 +54,32 @@ def env_from_launcher() -> DistEnv:
         raise UsageError(f"RANK / LOCAL_RANK / WORLD_SIZE must be integers (launch with torchrun): {exc}") from None
 
 
-def check_world(env: DistEnv, replication_factor: int, stages: int = 1) -> None:
+def check_world(env: DistEnv, replication_factor: int, stages: int = 1, tensor_parallel: int = 1) -> None:
     """A layout that does not fit the processes is refused before any process group work.
-    `stages` pipeline stages run in their own processes when the world is a multiple of them."""
+    `stages` pipeline stages run in their own processes when the world is a multiple of them;
+    `tensor_parallel` processes split each replica's weights (the world is replicas x it)."""
     if not env.enabled:
         return
-    if stages > 1 and env.world_size >= stages:
-        if env.world_size % stages:
+    if env.world_size % tensor_parallel:
+        raise UsageError(f"--tensor-model-parallel-size {tensor_parallel} does not divide the {env.world_size} "
+                         f"processes torchrun started; start a multiple of {tensor_parallel} processes")
+    world = env.world_size // tensor_parallel  # processes per tensor-parallel rank
+    if stages > 1 and world >= stages:
+        if world % stages:
             raise UsageError(f"{env.world_size} processes cannot hold {stages} pipeline stages (--layers-per-ipu) "
                              f"x replicas; start a multiple of {stages} processes (or fewer than {stages} to "
                              "run the stages co-located)")
-        replicas = env.world_size // stages
+        replicas = world // stages
         if replication_factor % replicas:
             raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {replicas} "
                              f"replicas that {env.world_size} processes / {stages} stages make; start "
                              f"{stages} x a divisor of {replication_factor} processes")
         return
-    if replication_factor % env.world_size:
-        raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {env.world_size} "
-                         "processes torchrun started; start a number of processes that divides it "
-                         "(missing replicas become gradient accumulation)")
+    if replication_factor % world:
+        shown = f"{world} replicas that the {env.world_size} processes / --tensor-model-parallel-size " \
+                f"{tensor_parallel} make" if tensor_parallel > 1 else f"{env.world_size} processes torchrun started"
+        raise UsageError(f"--replication-factor {replication_factor} is not a multiple of the {shown}; start a "
+                         "number of processes that divides it (missing replicas become gradient accumulation)")
 
 
 def init_process_group(env: DistEnv, device: torch.device) -> None:

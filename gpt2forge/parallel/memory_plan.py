@@ -22,6 +22,12 @@ Per process (bytes, P = the stage's parameters, R = replicas of the stage):
   (GPipe: all of them; 1F1B: stages - stage);
 - LM head and loss (last stage): the fp32 logits buffers — the whole (B T, V) logits, their
   log-softmax and gradient for `--lm-loss plain`, one row chunk and its gradient for the fused loss.
+With `--tensor-model-parallel-size N` every process holds 1/N of the split weights (embedding, q/k/v,
+projections, MLP) and all of the replicated ones (LayerNorms, row-parallel biases, position
+embedding), so weights, gradients and moments shrink with them; the measured block activations
+are split the same way except the LayerNorm inputs and outputs and the residual dropout masks
+(about 4 residual-stream tensors, estimated, replicated unless `--sequence-parallel`), and the
+head's logits are 1/N of the vocabulary wide.
 In a pipeline, rank 0 also keeps the whole model's fp32 weights (validation, sampling, saving):
 printed on its own line and counted in the verdict.
 Not counted: transient buffers (a backward's activation gradients, optimizer temporaries), the
@@ -41,7 +47,7 @@ from gpt2forge.core.flags import opt, positive
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import Block
 from gpt2forge.ops.lm_head_loss import LossChunking
-from gpt2forge.parallel.topology import ParallelArgs, is_pipelined
+from gpt2forge.parallel.topology import ParallelArgs, check_tensor_parallel, is_pipelined
 
 GiB = 2**30
 OFFLOADS = ("none", "optimizer", "full")
@@ -167,6 +173,15 @@ def stage_params(cfg: ModelConfig, layers: tuple[int, ...]) -> list[int]:
     return counts
 
 
+def tensor_parallel_params(cfg: ModelConfig, blocks: int, P: int, tp: int) -> int:
+    """Parameters one of `tp` tensor-parallel processes holds of a stage of `P` parameters and
+    `blocks` blocks: the replicated ones (per block two LayerNorms and the row-parallel biases;
+    the position embedding and ln_f, counted for any stage) whole, the rest / tp."""
+    C = cfg.n_embd
+    replicated = blocks * 6 * C + cfg.n_positions * C + 2 * C
+    return min(P, replicated) + max(P - replicated, 0) // tp
+
+
 def sharded_state_bytes(P: int, root: int, block: int, R: int, zero: int, gathered: int,
                         offload: bool) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer state on the device, host bytes) of a stage of `P` parameters,
@@ -204,9 +219,15 @@ def build_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, se
     residual = B * T * C * 4  # the residual stream (a block's input) stays fp32 under autocast
     recompute = memory.recompute
     offload = memory.offload_mode != "none"
-    block = model_cfg.block_params
+    N, sequence_parallel = cfg.tensor_model_parallel_size, cfg.sequence_parallel
+    block = tensor_parallel_params(model_cfg, 1, model_cfg.block_params, N)
+    if N > 1:  # the replicated LayerNorm inputs/outputs and residual dropout masks stay whole without SP
+        whole_act = 0 if sequence_parallel else min(act, 4 * residual)
+        act = whole_act + (act - whole_act) // N
+        residual = residual // N if sequence_parallel else residual
     plans = []
     for s, (n, P) in enumerate(zip(layers, stage_params(model_cfg, layers))):
+        P = tensor_parallel_params(model_cfg, n, P, N)
         weights, grads, moments, host = sharded_state_bytes(P, P - n * block, block if n else 0, R, zero, gathered,
                                                             offload)
         in_flight = 1 if S == 1 else (M if cfg.pipeline_schedule == "GPipe" else min(M, S - s))
@@ -221,7 +242,9 @@ def build_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, se
                 memory.embedding_serialization_factor).rows(model_cfg.vocab_size))
             chunks = memory.embedding_serialization_factor
             width = V if memory.lm_loss == "plain" else -(-model_cfg.vocab_size // chunks)
-            head = (3 if memory.lm_loss == "plain" else 2) * 4 * rows * width
+            if N > 1:  # the vocabulary-parallel loss: plain cross-entropy on this rank's 1/N of the logits
+                rows, width = B * T, V // N
+            head = (3 if memory.lm_loss == "plain" or N > 1 else 2) * 4 * rows * width
         plans.append(StagePlan(s, n, P, weights, grads, moments, activations, head, host))
     return plans
 
@@ -392,9 +415,14 @@ def run_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, seq_
     """--plan: print the plan and whether a process fits this machine's device, and for a
     one-process layout which model sizes fit one device (`model_name` names the run's model); exit
     code 0."""
+    N = cfg.tensor_model_parallel_size
+    check_tensor_parallel(N, model_cfg.n_head, model_cfg.padded_vocab_size)
     plans = build_plan(cfg, memory, model_cfg, seq_len, device, dtype, zero)
     S, R = len(plans), cfg.replication_factor
-    print_plan(plans, f"Memory plan per process: {S} stage(s) x {R} replica(s) = {S * R} process(es), micro-batch "
+    split = f" x {N} tensor-parallel{' (sequence-parallel)' if cfg.sequence_parallel else ''}" if N > 1 else ""
+    R *= N  # processes per stage
+    print_plan(plans, f"Memory plan per process: {S} stage(s) x {R // N} replica(s){split} = {S * R} process(es), "
+                      f"micro-batch "
                       f"{cfg.batch_size} x {seq_len}, {cfg.gradient_accumulation} micro-batches per update, "
                       f"ZeRO {zero}, activations measured on {device.type}")
     # Pipelined: rank 0 also keeps the whole model (fp32 weights) for sampling and checkpoints.

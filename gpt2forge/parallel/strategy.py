@@ -224,6 +224,7 @@ class Strategy(abc.ABC):
 
 
 REGISTRY: dict[str, str] = {
+    "tensor_parallel": "gpt2forge.parallel.tensor_parallel:TensorParallel",
     "pipeline": "gpt2forge.parallel.pipelined:Pipelined",
     "fsdp": "gpt2forge.parallel.fsdp:FullyShardedDataParallel",
     "data_parallel": "gpt2forge.parallel.data_parallel:DataParallel",

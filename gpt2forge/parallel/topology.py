@@ -5,6 +5,10 @@ entry i says how many blocks stage i holds. Launched with stages x k processes, 
 its own process (gpt2forge.parallel.pipeline) and k replicas run data-parallel; with fewer processes the
 stages run co-located in one process (same math). Data-parallel replicas that have no process of
 their own become extra gradient accumulation (same global batch, same math).
+
+`--tensor-model-parallel-size N` splits every replica's heads, MLP, embedding and LM head over N
+processes (gpt2forge.parallel.tensor_parallel); the processes of the job are then data-parallel
+replicas x N, with the N tensor-parallel ranks of a replica adjacent (rank = replica x N + tp rank).
 """
 
 from __future__ import annotations
@@ -44,13 +48,22 @@ class ParallelArgs:
     """ZeRO stage 0-3; None: 1 with replicated_tensor_sharding, else 0."""
     replicated_tensor_sharding: bool = opt(False, "shard optimizer state across replicas (ZeRO-1)", kind="bool")
     """The reference's name for ZeRO-1."""
+    tensor_model_parallel_size: int = opt(1, "(new) tensor-parallel processes per model replica: attention "
+                                          "heads, the MLP, the embedding and the LM head are split over them "
+                                          "(DTensor); processes = data-parallel replicas x this")
+    """Tensor-parallel degree: processes that share one replica's weights (Megatron's layout)."""
+    sequence_parallel: bool = opt(False, "(new) with --tensor-model-parallel-size > 1, also split the LayerNorm "
+                                  "and dropout regions along the sequence", kind="bool")
+    """Sequence parallelism inside the tensor-parallel group (LayerNorms, dropouts, residuals)."""
     matmul_proportion: list[float] | None = opt(None, "IPU matmul memory proportion (no equivalent: ignored)",
                                                 kind="list_float")
     """Accepted for the reference's command lines; one value per stage; no effect."""
 
     def __post_init__(self) -> None:
         problems = positive(self, "batch_size", "gradient_accumulation", "ipus_per_replica", "replication_factor",
-                            "device_iterations")
+                            "device_iterations", "tensor_model_parallel_size")
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            problems.append("--sequence-parallel needs --tensor-model-parallel-size > 1")
         if self.layers_per_ipu is not None and any(n < 0 for n in self.layers_per_ipu):
             problems.append("--layers-per-ipu entries must be >= 0")
         collect(problems)
@@ -69,6 +82,10 @@ class Layout:
     """Data-parallel replicas asked for."""
     world_size: int
     """Processes actually running."""
+    tensor_parallel: int = 1
+    """Processes that split one replica's weights (--tensor-model-parallel-size)."""
+    sequence_parallel: bool = False
+    """LayerNorm and dropout regions split along the sequence too (--sequence-parallel)."""
 
     @property
     def stages(self) -> int:
@@ -77,12 +94,13 @@ class Layout:
     @property
     def pipelined(self) -> bool:
         """Each stage in its own process (else all stages co-located in every process)."""
-        return is_pipelined(self.stages, self.world_size)
+        return is_pipelined(self.stages, self.world_size // self.tensor_parallel)
 
     @property
     def data_parallel(self) -> int:
-        """Data-parallel processes per stage."""
-        return self.world_size // self.stages if self.pipelined else self.world_size
+        """Data-parallel processes per stage (each a group of `tensor_parallel` processes)."""
+        per_stage = self.world_size // self.stages if self.pipelined else self.world_size
+        return max(per_stage // self.tensor_parallel, 1)
 
     def stage_of_layer(self) -> list[int]:
         """Block index -> stage index."""
@@ -109,8 +127,9 @@ def stages_of(cfg: ParallelArgs) -> int:
 
 def build_layout(cfg: ParallelArgs, n_layer: int, world_size: int = 1) -> Layout:
     """Validate the IPU layout flags against the model; UsageError names the flag and the fix."""
+    tp = cfg.tensor_model_parallel_size
     if cfg.layers_per_ipu is None:
-        return Layout((n_layer,), cfg.replication_factor, world_size)
+        return Layout((n_layer,), cfg.replication_factor, world_size, tp, cfg.sequence_parallel)
     layers = tuple(cfg.layers_per_ipu)
     if sum(layers) != n_layer:
         raise UsageError(f"--layers-per-ipu {' '.join(map(str, layers))} places {sum(layers)} blocks but the model "
@@ -118,6 +137,11 @@ def build_layout(cfg: ParallelArgs, n_layer: int, world_size: int = 1) -> Layout
     if len(layers) != cfg.ipus_per_replica:
         raise UsageError(f"--layers-per-ipu has {len(layers)} entries but --ipus-per-replica is "
                          f"{cfg.ipus_per_replica}; give one entry per stage")
+    if tp > 1 and is_pipelined(len(layers), world_size // tp):
+        raise UsageError(f"--tensor-model-parallel-size {tp} with --layers-per-ipu stages in their own processes "
+                         f"({len(layers)} stages x {tp} x replicas = {world_size} processes) is not supported yet; "
+                         f"start {tp} x replicas processes (the stages then run co-located) or drop "
+                         "--tensor-model-parallel-size")
     if is_pipelined(len(layers), world_size) and cfg.pipeline_schedule == "1F1B" \
             and cfg.gradient_accumulation < len(layers):
         raise UsageError(f"--pipeline-schedule 1F1B needs at least one micro-batch per stage: "
@@ -126,7 +150,17 @@ def build_layout(cfg: ParallelArgs, n_layer: int, world_size: int = 1) -> Layout
     if cfg.matmul_proportion is not None and len(cfg.matmul_proportion) != cfg.ipus_per_replica:
         raise UsageError(f"--matmul-proportion has {len(cfg.matmul_proportion)} values but --ipus-per-replica "
                          f"is {cfg.ipus_per_replica}; give one per stage")
-    return Layout(layers, cfg.replication_factor, world_size)
+    return Layout(layers, cfg.replication_factor, world_size, tp, cfg.sequence_parallel)
+
+
+def check_tensor_parallel(tp: int, n_head: int, padded_vocab: int, world_size: int | None = None) -> None:
+    """UsageError, one line with the numbers, when `tp` does not divide the heads, the padded
+    vocabulary or (when given) the processes."""
+    problems = [f"{what} {n}" for what, n in (("n_head", n_head), ("the padded vocabulary", padded_vocab),
+                                               ("the world size", world_size)) if n is not None and n % tp]
+    if problems:
+        raise UsageError(f"--tensor-model-parallel-size {tp} must divide {', '.join(problems)}; pick a divisor "
+                         "of each")
 
 
 def report_layout(layout: Layout, cfg: ParallelArgs, async_dataloader: bool = False) -> int:

@@ -5,8 +5,8 @@ names and its older aliases keep working, and flag names are flat (no section pr
 dataclass defaults < `--config FILE` (JSON or YAML, keys are field or flag names) < command line.
 The resolved config is saved flat (`to_dict`) as `train_config.json` next to every checkpoint.
 
-Sections (attribute: class): arch: ModelArgs, data: DataArgs, optim: OptimizerArgs, runtime:
-RuntimeArgs, memory: MemoryArgs, parallel: ParallelArgs, checkpoint: CheckpointArgs, logging:
+Sections (attribute: class): arch: ModelArgs, data: DataArgs, optim: OptimizerArgs, kfac: KfacArgs,
+runtime: RuntimeArgs, memory: MemoryArgs, parallel: ParallelArgs, checkpoint: CheckpointArgs, logging:
 LoggingArgs, eval: EvalArgs. The sections that packages below train/ consume are defined there
 (ParallelArgs in parallel/topology.py, MemoryArgs in parallel/memory_plan.py).
 """
@@ -14,6 +14,7 @@ LoggingArgs, eval: EvalArgs. The sections that packages below train/ consume are
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -230,6 +231,52 @@ class OptimizerArgs:
 
 
 @dataclasses.dataclass
+class KfacArgs:
+    """K-FAC: a second-order preconditioner of the blocks' nn.Linear gradients (docs/training.md#k-fac)."""
+
+    kfac: bool = opt(False, "(new) precondition the gradients of the blocks' nn.Linear layers with K-FAC "
+                     "(kfac-pytorch's design) before clipping and the optimizer's step", kind="bool")
+    """Turn the K-FAC preconditioner on."""
+    kfac_factor_update_steps: int = opt(5, "(new) K-FAC: fold the layers' activation and output-gradient "
+                                        "covariances into their running averages every N updates")
+    """Updates between factor updates (the hooks run only on those updates)."""
+    kfac_inv_update_steps: int = opt(50, "(new) K-FAC: recompute the factors' eigendecompositions (or inverses) "
+                                     "every N updates")
+    """Updates between decompositions of the factors."""
+    kfac_damping: float = opt(0.001, "(new) K-FAC: Tikhonov damping added to the Kronecker product's "
+                              "eigenvalues (eigen) or to each factor's diagonal (inverse)")
+    """Damping lambda, > 0."""
+    kfac_factor_decay: float = opt(0.95, "(new) K-FAC: running average of the factors: decay x old + (1 - decay) "
+                                   "x new")
+    """Running-average coefficient of the factors, in (0, 1]."""
+    kfac_kl_clip: float = opt(0.001, "(new) K-FAC: scale the preconditioned gradients by min(1, sqrt(kl_clip / "
+                              "(lr^2 sum(v . g)))); 0 turns the scaling off")
+    """KL clipping bound; 0: no scaling."""
+    kfac_skip_layers: list[str] | None = opt(None, "(new) K-FAC: regular expressions; an nn.Linear whose name or "
+                                             "class name matches one is not preconditioned (default: wte wpe "
+                                             "lm_head, the embeddings and the tied LM head)", kind="list_str")
+    """Skip patterns (re.search against the module's name and class name); None: the embeddings and the LM head."""
+    kfac_compute_method: str = opt("eigen", "(new) K-FAC: eigen (eigendecompositions, damping on the Kronecker "
+                                   "product) | inverse (damped inverses of each factor)", choices=("eigen", "inverse"))
+    """How the factors are turned into a preconditioner."""
+
+    def __post_init__(self) -> None:
+        problems = positive(self, "kfac_factor_update_steps", "kfac_inv_update_steps")
+        if not self.kfac_damping > 0:
+            problems.append(f"--kfac-damping must be > 0 (got {self.kfac_damping})")
+        if not 0 < self.kfac_factor_decay <= 1:
+            problems.append(f"--kfac-factor-decay must be in (0, 1] (got {self.kfac_factor_decay})")
+        if self.kfac_kl_clip < 0:
+            problems.append(f"--kfac-kl-clip must be >= 0 (got {self.kfac_kl_clip})")
+        for pattern in self.kfac_skip_layers or ():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                problems.append(f"--kfac-skip-layers {pattern!r}: not a regular expression ({exc})")
+        collect(problems)
+
+
+@dataclasses.dataclass
 class RuntimeArgs:
     """Device, precision, compilation and the run modes that train nothing."""
 
@@ -383,8 +430,9 @@ def _cross_section_problems(dataset: str | None, compile_only: bool, plan: bool)
 
 
 SECTIONS: dict[str, type] = {
-    "arch": ModelArgs, "data": DataArgs, "optim": OptimizerArgs, "parallel": ParallelArgs, "memory": MemoryArgs,
-    "runtime": RuntimeArgs, "checkpoint": CheckpointArgs, "logging": LoggingArgs, "eval": EvalArgs,
+    "arch": ModelArgs, "data": DataArgs, "optim": OptimizerArgs, "kfac": KfacArgs, "parallel": ParallelArgs,
+    "memory": MemoryArgs, "runtime": RuntimeArgs, "checkpoint": CheckpointArgs, "logging": LoggingArgs,
+    "eval": EvalArgs,
 }
 """TrainConfig attribute -> section class, in --help order."""
 
@@ -399,6 +447,7 @@ class TrainConfig:
     arch: ModelArgs = dataclasses.field(default_factory=ModelArgs)
     data: DataArgs = dataclasses.field(default_factory=DataArgs)
     optim: OptimizerArgs = dataclasses.field(default_factory=OptimizerArgs)
+    kfac: KfacArgs = dataclasses.field(default_factory=KfacArgs)
     parallel: ParallelArgs = dataclasses.field(default_factory=ParallelArgs)
     memory: MemoryArgs = dataclasses.field(default_factory=MemoryArgs)
     runtime: RuntimeArgs = dataclasses.field(default_factory=RuntimeArgs)

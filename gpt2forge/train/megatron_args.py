@@ -35,8 +35,8 @@ from gpt2forge.train.config import FIELD_SECTION, TrainConfig
 from gpt2forge.train.deepspeed_config import apply_deepspeed_config
 
 GROUPS = ("model", "regularization", "training", "learning rate", "checkpointing", "mixed precision", "distributed",
-          "validation", "data and dataloader", "logging", "DeepSpeed")
-"""Megatron's --help groups, in its order (Megatron-DeepSpeed's DeepSpeed flags last)."""
+          "validation", "data and dataloader", "logging", "DeepSpeed", "K-FAC")
+"""Megatron's --help groups, in its order (Megatron-DeepSpeed's DeepSpeed flags, then gpt2forge's K-FAC)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +138,11 @@ def _recompute_granularity(value: str, values: dict) -> None:
 
 
 def _tensor_parallel(value: int, values: dict) -> None:
-    if value != 1:
-        raise UsageError(f"--tensor-model-parallel-size {value}: tensor parallelism is not available in gpt2forge yet; "
-                         "use pipeline stages (--pipeline-model-parallel-size) and data parallelism (more processes), "
-                         "or ZeRO (--use-distributed-optimizer)")
+    values["tensor_model_parallel_size"] = value
+
+
+def _sequence_parallel(_value, values: dict) -> None:
+    values["_sequence_parallel"] = True
 
 
 def _pipeline_parallel(value: int, values: dict) -> None:
@@ -255,11 +256,13 @@ FLAGS: tuple[MegatronFlag, ...] = (
     M(("--fp32-embedding",), "mixed precision", _accept, "the weights are fp32 masters here", None),
     # distributed
     M(("--tensor-model-parallel-size", "--model-parallel-size"), "distributed", _tensor_parallel,
-      "tensor-parallel size (1 here)", int),
+      "tensor-parallel size: heads, MLP, embedding and LM head split over N processes (train_gpt2.py "
+      "--tensor-model-parallel-size)", int),
     M(("--pipeline-model-parallel-size",), "distributed", _pipeline_parallel,
       "pipeline stages (blocks split evenly)", int),
-    M(("--sequence-parallel",), "distributed", _accept, "no effect without tensor parallelism (as in Megatron)",
-      None),
+    M(("--sequence-parallel",), "distributed", _sequence_parallel,
+      "LayerNorm and dropout regions split along the sequence (with tensor parallelism; off at size 1, as in "
+      "Megatron)", None),
     M(("--distributed-backend",), "distributed", _accept, "nccl | gloo: chosen by the device here"),
     M(("--DDP-impl",), "distributed", _accept, "local | torch: torch's DDP here"),
     M(("--use-distributed-optimizer",), "distributed", _distributed_optimizer,
@@ -295,6 +298,15 @@ FLAGS: tuple[MegatronFlag, ...] = (
     # logging
     M(("--log-interval",), "logging", "log_steps", "print the step line every N updates", int),
     M(("--tensorboard-dir",), "logging", "tensorboard_dir", "TensorBoard event files"),
+    # K-FAC: gpt2forge's own flags, the same in every front end (docs/training.md#k-fac)
+    M(("--kfac",), "K-FAC", _switch_to("kfac"), "precondition the blocks' nn.Linear gradients with K-FAC", None),
+    M(("--kfac-factor-update-steps",), "K-FAC", "kfac_factor_update_steps", "updates between factor updates", int),
+    M(("--kfac-inv-update-steps",), "K-FAC", "kfac_inv_update_steps", "updates between decompositions", int),
+    M(("--kfac-damping",), "K-FAC", "kfac_damping", "Tikhonov damping", float),
+    M(("--kfac-factor-decay",), "K-FAC", "kfac_factor_decay", "running-average decay of the factors", float),
+    M(("--kfac-kl-clip",), "K-FAC", "kfac_kl_clip", "KL clipping bound (0: off)", float),
+    M(("--kfac-skip-layers",), "K-FAC", "kfac_skip_layers", "regular expressions of layers left alone", str, "+"),
+    M(("--kfac-compute-method",), "K-FAC", "kfac_compute_method", "eigen | inverse"),
     # DeepSpeed (Megatron-DeepSpeed's arguments.py and deepspeed.add_config_arguments)
     M(("--deepspeed", "--deepscale"), "DeepSpeed", _switch_to("_deepspeed"),
       "read --deepspeed_config (ds.json) as DeepSpeed's engine would", None),
@@ -394,11 +406,18 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
 
 
 def _data_parallel(values: dict, world_size: int) -> int:
-    """Replicas: the world size over the pipeline stages (tensor parallelism is 1)."""
-    stages = values.get("_pipeline", 1)
-    if world_size % stages:
-        raise UsageError(f"world size ({world_size}) is not divisible by the pipeline model parallel size ({stages})")
-    return world_size // stages
+    """Replicas: the world size over tensor x pipeline parallel sizes (Megatron's rule and words);
+    --sequence-parallel is dropped at tensor-parallel size 1, as Megatron does."""
+    stages, tp = values.get("_pipeline", 1), values.get("tensor_model_parallel_size", 1)
+    if world_size % (tp * stages):
+        raise UsageError(f"world size ({world_size}) is not divisible by tensor model parallel size ({tp}) times "
+                         f"pipeline model parallel size ({stages})")
+    if values.pop("_sequence_parallel", False):
+        if tp > 1:
+            values["sequence_parallel"] = True
+        else:
+            log.notice("--sequence-parallel: disabled because the tensor model parallel size is 1 (as in Megatron)")
+    return world_size // (tp * stages)
 
 
 def _deepspeed(values: dict, set_by: dict[str, str], world_size: int) -> None:

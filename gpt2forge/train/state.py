@@ -105,6 +105,8 @@ def save(run: Run, progress: Progress, names: str | tuple[str, ...], metrics: di
             "rng_ranks": rngs,
             "metrics": metrics,
         }
+        if run.kfac is not None:  # the same on every replica (factors all-reduced, decompositions broadcast)
+            state["kfac"] = run.kfac.state_dict()
         try:
             _write(run.cfg, model, state, names)
         except UsageError as exc:
@@ -238,9 +240,13 @@ def resume(run: Run, ckpt_dir, progress: Progress) -> None:
         for k, v in state["progress"].items():
             setattr(progress, k, v)
         restore_rng_state(state, run.device, run.cfg.data.seed, progress.step)
+        if run.kfac is not None and "kfac" in state:
+            run.kfac.load_state_dict(state["kfac"])
+        elif run.kfac is not None:
+            log.notice(f"{ckpt_dir}: no K-FAC state in this checkpoint; the factors start from the identity")
     except (KeyError, ValueError, RuntimeError) as exc:
         raise UsageError(f"{ckpt_dir}: training state does not fit this run ({type(exc).__name__}: {exc}); "
-                         "resume with the same --model and --optimizer") from None
+                         "resume with the same --model, --optimizer and --kfac flags") from None
     log.info(f"resumed from {ckpt_dir} at step {progress.step} (epoch {progress.epoch})")
 
 

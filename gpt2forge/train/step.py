@@ -7,6 +7,7 @@ logged and clipped, and an update whose gradients are not finite is skipped (in 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -27,6 +28,7 @@ from gpt2forge.parallel.health import Watchdog
 from gpt2forge.parallel.strategy import MicroBatch, Strategy
 from gpt2forge.text.tokenizer import load_tokenizer
 from gpt2forge.train.config import TrainConfig
+from gpt2forge.train.kfac import KfacPreconditioner
 
 
 @dataclasses.dataclass
@@ -46,6 +48,7 @@ class Run:
     nonfinite_in_a_row: int = 0  # updates skipped for non-finite gradients since the last good one
     skipped_updates: int = 0  # updates skipped for non-finite gradients in this process's run
     grad_norm: float = 0.0  # the last update's global gradient norm (before clipping)
+    kfac: KfacPreconditioner | None = None  # --kfac: preconditions the gradients before clipping
     eod: int | None = dataclasses.field(default=None, init=False)
     """The end-of-document id when a packed-document flag is on (--reset-position-ids,
     --reset-attention-mask, --eod-mask-loss), else None."""
@@ -118,10 +121,13 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     # the replicas, so replicas / global tokens gives sum / global tokens.
     denom = (all_reduce_sum(tokens) / run.strategy.processes_per_replica).clamp(min=1)
     scale = run.scaler.scale * run.replica.world_size / denom
-    with autocast(run.device, run.precision):
+    capture = run.kfac.capturing(scale) if run.kfac is not None else contextlib.nullcontext()
+    with autocast(run.device, run.precision), capture:
         totals = run.strategy.forward_backward(pairs, scale)
     all_reduce_sum(totals)  # the loss lives on the last stage: others add zeros
     finite = run.scaler.unscale_and_check(run.strategy.trainable_parameters())
+    if run.kfac is not None:  # before clipping: --max-grad-norm bounds the preconditioned update
+        run.kfac.step(run.optimizer.param_groups[0]["lr"])
     # The global gradient norm (before clipping): logged, and it says whether the update is finite.
     norm = run.strategy.clip_grad_norm(run.cfg.optim.max_grad_norm)
     run.grad_norm = norm

@@ -53,6 +53,7 @@ from gpt2forge.parallel.memory_plan import (
 from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strategy
 from gpt2forge.parallel.topology import Layout, build_layout, report_layout, stages_of
 from gpt2forge.train.config import TrainConfig
+from gpt2forge.train.kfac import build_preconditioner
 from gpt2forge.train.log_lines import StepReport, step_line, validation_lines
 from gpt2forge.train.memory import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
@@ -151,7 +152,8 @@ def data_request(cfg: TrainConfig, vocab_size: int, samples_per_step: int, steps
 def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
     env = env_from_launcher()
-    check_world(env, cfg.parallel.replication_factor, stages_of(cfg.parallel))  # before any process group work
+    check_world(env, cfg.parallel.replication_factor, stages_of(cfg.parallel),  # before any process group work
+                cfg.parallel.tensor_model_parallel_size)
     cfg = apply_auto_resume(cfg)
     torch.manual_seed(cfg.data.seed)
     random.seed(cfg.data.seed)
@@ -200,6 +202,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     strategy = _build_strategy(cfg, env, layout, model, device, precision, accumulation, zero, offload)
     _print_stage_plan(cfg, env, layout, model, device, precision, accumulation, zero)
     optimizer = _build_optimizer(cfg, strategy, device)
+    kfac = build_preconditioner(cfg.kfac, strategy)  # before the data: a layout it refuses stops here
     rt = cfg.runtime
     scaler = LossScaler(precision == "fp16", rt.initial_loss_scale if rt.auto_loss_scaling else rt.loss_scaling,
                         rt.auto_loss_scaling, rt.loss_scale_window, rt.min_loss_scale, rt.loss_scale_hysteresis)
@@ -226,7 +229,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     # Megatron's units: a schedule in samples advances by the global batch (samples per update) per update.
     samples_per_update = samples_per_step // cfg.parallel.device_iterations
     scheduler = build_run_schedule(optimizer, cfg.optim, total_updates, samples_per_update)
-    run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, accumulation)
+    run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, accumulation, kfac=kfac)
     if env.enabled:
         run.watchdog = Watchdog(strategy.process_name)
         strategy.attach_watchdog(run.watchdog)

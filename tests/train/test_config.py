@@ -35,6 +35,9 @@ FLAT_NAMES = {
     "verify", "weight_decay", "zero_stage", "offload", "device_memory_gib", "num_layers", "hidden_size",
     "num_attention_heads", "ffn_hidden_size", "max_position_embeddings", "init_method_std", "log_format",
     "eval_iters", "initial_loss_scale", "loss_scale_window", "min_loss_scale", "loss_scale_hysteresis",
+    "tensor_model_parallel_size", "sequence_parallel",
+    "kfac", "kfac_factor_update_steps", "kfac_inv_update_steps", "kfac_damping", "kfac_factor_decay",
+    "kfac_kl_clip", "kfac_skip_layers", "kfac_compute_method",
 }
 
 

@@ -102,8 +102,8 @@ def test_global_batch_over_data_parallel_replicas_and_pipeline_stages():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tensor-model-parallel-size", "2"], "tensor parallelism is not available"),
-    (["--model-parallel-size", "4"], "tensor parallelism is not available"),
+    (["--tensor-model-parallel-size", "2"], "world size (1) is not divisible by tensor model parallel size (2) "
+                                             "times pipeline model parallel size (1)"),
     (["--no-save-optim"], "--no-save-optim: checkpoints always hold the optimizer"),
     (["--optimizer", "sgd"], "--optimizer sgd: only adam"),
     (["--no-load-optim"], "--no-load-optim without --finetune"),
@@ -116,6 +116,18 @@ def test_global_batch_over_data_parallel_replicas_and_pipeline_stages():
 def test_flags_without_a_meaning_here_are_one_line_errors(argv, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         translate(["--micro-batch-size", "1", "--data-path", "x", *argv], world_size=1)
+
+
+def test_tensor_parallel_size_divides_the_world_into_replicas():
+    # 8 processes = 2 replicas x (2 stages x 2 tensor-parallel ranks); seed 001's --model-parallel-size too
+    argv = ["--micro-batch-size", "1", "--global-batch-size", "4", "--num-layers", "4", "--data-path", "x",
+            "--pipeline-model-parallel-size", "2", "--sequence-parallel"]
+    values = translate([*argv, "--model-parallel-size", "2"], world_size=8)
+    assert (values["tensor_model_parallel_size"], values["replication_factor"], values["gradient_accumulation"]) == \
+        (2, 2, 2)
+    assert values["sequence_parallel"] is True
+    # Megatron turns sequence parallelism off at tensor-parallel size 1
+    assert "sequence_parallel" not in translate(argv, world_size=8)
 
 
 def test_finetune_starts_from_the_weights_of_load(tmp_path):
@@ -194,3 +206,10 @@ def test_seed_scripts_run_and_equal_the_same_run_in_our_flags(tmp_path, capsys, 
     assert len(_step_lines(theirs)) == 3 and _step_lines(theirs) == _step_lines(ours)
     assert "validation loss at iteration 3 | lm loss value:" in theirs
     assert f" iteration {3:8d}/{3:8d} | consumed samples: {samples:12d} |" in theirs  # Megatron's widths
+
+
+def test_kfac_flags_reach_the_same_config_fields():
+    cfg = parse_args(["--micro-batch-size", "1", "--data-path", "x", "--kfac", "--kfac-factor-update-steps", "5",
+                      "--kfac-inv-update-steps", "50", "--kfac-compute-method", "inverse"], world_size=1)
+    assert (cfg.kfac.kfac, cfg.kfac.kfac_factor_update_steps, cfg.kfac.kfac_inv_update_steps,
+            cfg.kfac.kfac_compute_method) == (True, 5, 50, "inverse")
