@@ -55,6 +55,7 @@ from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
 from gpt2forge.model.pretrained import load_pretrained  # noqa: E402
 
 DEFAULT_ACCURACY_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "mini"
+ACCURACY_PROMPT = "The module provides functions for"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TARGETS = {"ms_per_token": {"fp32": 25.0, "bf16": 14.0}, "speedup_b1": 2.4, "speedup_b8": 2.0, "floor_ratio": 1.1}
@@ -75,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="thread counts transformers runs with: torch's default, the one ours picked, or both "
                         "(the faster is the baseline)")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--accuracy-only", action="store_true", help="only the bf16 accuracy check (no timing)")
     p.add_argument("--accuracy-model", default=None,
                    help="checkpoint whose fp32 and bf16 greedy decodes are compared (default: checkpoints/mini when "
                         "present, else the random --model weights; `random` for those)")
@@ -146,15 +148,17 @@ def bf16_accuracy(model: GPT2LMHeadModel, prompt: list[int], n: int) -> dict:
             "max_abs_logprob_diff": round(float((logp32[rows, target] - logp16[rows, target]).abs().max()), 4)}
 
 
-def accuracy_model(args, cfg: ModelConfig) -> tuple[GPT2LMHeadModel, str]:
-    """The weights of the bf16 accuracy check, and a phrase naming them."""
+def accuracy_model(args, cfg: ModelConfig) -> tuple[GPT2LMHeadModel, str, list[int]]:
+    """The weights of the bf16 accuracy check, a phrase naming them, and its prompt: English text
+    for a trained checkpoint, random ids (--prompt-len of them) for random weights."""
     path = Path(args.accuracy_model) if args.accuracy_model else DEFAULT_ACCURACY_MODEL
     if args.accuracy_model != "random" and (args.accuracy_model or DEFAULT_ACCURACY_MODEL.exists()):
-        model, _ = load_pretrained(path)
-        return model, f"trained weights of {path}"
+        model, tok = load_pretrained(path)
+        return model, f"trained weights of {path}", tok.encode(ACCURACY_PROMPT)
     model = GPT2LMHeadModel(cfg)
     model.init_weights(torch.Generator().manual_seed(0))
-    return model.eval(), f"random {args.model} weights (no checkpoint: run `make train` for trained ones)"
+    prompt = torch.randint(0, cfg.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(1)).tolist()
+    return model.eval(), f"random {args.model} weights (no checkpoint: run `make train` for trained ones)", prompt
 
 
 def build(cfg: ModelConfig, dtype: torch.dtype, device: torch.device):
@@ -233,7 +237,7 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} threads, bandwidth at the start: read {start['read']:.1f} GB/s, "
           f"triad {start['triad']:.1f} GB/s")
     results = []
-    for precision in args.precisions:
+    for precision in [] if args.accuracy_only else args.precisions:
         for B in args.batch_sizes:
             r = measure(args, precision, B, device)
             o, h = r["ours"], r["transformers"]
@@ -268,10 +272,9 @@ def main(argv=None) -> int:
                       f"{'met' if r['speedup_throughput'] >= TARGETS['speedup_b8'] else 'MISSED'}")
     accuracy = None
     if "bf16" in args.precisions:
-        model, source = accuracy_model(args, ModelConfig.preset(args.model))
-        prompt = torch.randint(0, model.config.vocab_size, (args.prompt_len,),
-                               generator=torch.Generator().manual_seed(1)).tolist()
-        accuracy = {"weights": source, **bf16_accuracy(model, prompt, args.new_tokens)}
+        model, source, prompt = accuracy_model(args, ModelConfig.preset(args.model))
+        n = min(args.new_tokens, model.config.n_positions - len(prompt))
+        accuracy = {"weights": source, **bf16_accuracy(model, prompt, n)}
         print(f"bf16 against fp32 greedy decoding ({source}): identical for {accuracy['identical_greedy_prefix']} of "
               f"{accuracy['tokens']} tokens; teacher-forced on the fp32 tokens: bf16 argmax agrees at "
               f"{accuracy['teacher_forced_top1_agreement']:.1%} of positions, largest log-probability difference "
