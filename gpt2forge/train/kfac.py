@@ -224,7 +224,9 @@ class KfacPreconditioner:
             if not computed:
                 return {"Q" + factor: f.new_empty(n, n), "d" + factor: f.new_empty(n)}
             d, q = torch.linalg.eigh(f)
-            return {"Q" + factor: q, "d" + factor: d.clamp(min=0.0)}
+            # eigh returns Q column-major; a broadcast sends the storage as it lies, so make it row-major
+            # as the receivers' buffers are (else they get Q transposed).
+            return {"Q" + factor: q.contiguous(), "d" + factor: d.clamp(min=0.0)}
         if not computed:
             return {factor + "_inv": f.new_empty(n, n)}
         return {factor + "_inv": torch.linalg.inv(f + self.args.kfac_damping * torch.eye(n, device=f.device))}
