@@ -75,7 +75,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise _Refused("uses a persistent id, which token-id pickles never need")
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
@@ -120,7 +120,7 @@ def safe_load(path: str, recreate: str = "") -> Any:
             raise UsageError(f"{path}: {exc}{hint}") from None
         except Exception as exc:  # any failure to decode an untrusted file is a bad-file error
             raise UsageError(
-                f"{path}: corrupt or truncated pickle ({type(exc).__name__}: {_one_line(exc)}){hint}"
+                f"{path}: corrupt or truncated pickle ({type(exc).__name__}: {one_line(exc)}){hint}"
             ) from None
         finally:
             sys.excepthook = hook

@@ -142,10 +142,10 @@ def load_weights(model: GPT2LMHeadModel, ckpt_dir: Path) -> None:
         else:
             sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise UsageError(f"{path}: not a weights file ({_refused_part(exc)}); it was not loaded and nothing in it "
+        raise UsageError(f"{path}: not a weights file ({refused_part(exc)}); it was not loaded and nothing in it "
                          "ran; re-save the model with save_pretrained") from None
     except Exception as exc:  # noqa: BLE001 -- SafetensorError, OSError, and torch.load's many failure types
-        raise UsageError(f"{path}: cannot read weights ({_one_line(exc)}); the file is damaged, re-save it") from None
+        raise UsageError(f"{path}: cannot read weights ({one_line(exc)}); the file is damaged, re-save it") from None
     ours = from_hf_state_dict(sd, model.config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(ours))
@@ -187,7 +187,7 @@ def save_checkpoint(root: str | Path, name: str, model: GPT2LMHeadModel, trainin
         _publish(tmp, final)
     except (OSError, RuntimeError, SafetensorError) as exc:  # disk full, permissions, I/O errors
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UsageError(save_failure(final, _one_line(exc), needed)) from None
+        raise UsageError(save_failure(final, one_line(exc), needed)) from None
     for alias in aliases:
         _link(root, alias, name)
     write_atomic(root / LATEST, name + "\n")
@@ -252,7 +252,7 @@ def save_failure(final: Path, reason: str, needed: int) -> str:
             "--checkpoint-output-dir")
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or "no detail"
     return f"{type(exc).__name__}: {text[:300]}"
 
@@ -317,7 +317,7 @@ def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise UsageError(not_ours.format(_refused_part(exc))) from None
+        raise UsageError(not_ours.format(refused_part(exc))) from None
     except Exception as exc:  # noqa: BLE001 -- a damaged file fails in many ways inside torch.load
         raise UsageError(f"{path}: cannot read training state ({type(exc).__name__}: damaged or truncated); "
                          "resume from an earlier checkpoint") from None
@@ -327,7 +327,7 @@ def load_training_state(ckpt_dir: Path) -> dict[str, Any]:
     return state
 
 
-def _refused_part(exc: pickle.UnpicklingError) -> str:
+def refused_part(exc: pickle.UnpicklingError) -> str:
     """What weights-only unpickling refused, from PyTorch's many-line message (its advice to load
     with weights_only=False is not for us to repeat)."""
     for line in str(exc).splitlines():

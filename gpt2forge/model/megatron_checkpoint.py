@@ -42,7 +42,7 @@ import torch
 from safetensors.torch import save_file
 
 from gpt2forge.core.errors import UsageError, cli_main
-from gpt2forge.model.checkpoint import _one_line, _refused_part, to_hf_state_dict
+from gpt2forge.model.checkpoint import one_line, refused_part, to_hf_state_dict
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
@@ -174,10 +174,10 @@ def read_shard(path: Path) -> dict[str, Any]:
                     raise
                 state = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise UsageError(f"{path}: not a Megatron-LM checkpoint ({_refused_part(exc)}); it was not loaded and "
+            raise UsageError(f"{path}: not a Megatron-LM checkpoint ({refused_part(exc)}); it was not loaded and "
                              "nothing in it ran") from None
         except Exception as exc:  # noqa: BLE001 -- a damaged file fails in many ways inside torch.load
-            raise UsageError(f"{path}: cannot read ({_one_line(exc)}); the file is damaged, copy it again") from None
+            raise UsageError(f"{path}: cannot read ({one_line(exc)}); the file is damaged, copy it again") from None
     if not isinstance(state, dict) or "model" not in state:
         raise UsageError(f"{path}: holds no 'model' state dict; pass a Megatron-LM model_optim_rng.pt checkpoint")
     return state

@@ -100,9 +100,11 @@ def apply_dropout_overrides(mcfg: ModelConfig, arch: ModelArgs) -> ModelConfig:
     return dataclasses.replace(mcfg, **changes)
 
 
-def build_model(cfg: TrainConfig, device: torch.device) -> tuple[GPT2LMHeadModel, Path | None]:
-    """Model on `device` in fp32 (master weights), seeded init or checkpoint weights."""
-    mcfg, ckpt = resolve_model_config(cfg)
+def build_model(cfg: TrainConfig, device: torch.device,
+                shape: tuple[ModelConfig, Path | None] | None = None) -> tuple[GPT2LMHeadModel, Path | None]:
+    """Model on `device` in fp32 (master weights), seeded init or checkpoint weights. `shape`:
+    `resolve_model_config(cfg)` when the caller has it already."""
+    mcfg, ckpt = shape or resolve_model_config(cfg)
     model = GPT2LMHeadModel(mcfg)
     if ckpt is None:
         model.init_weights(torch.Generator().manual_seed(cfg.data.seed))

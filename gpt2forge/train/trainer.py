@@ -173,11 +173,11 @@ def run_training(cfg: TrainConfig) -> int:
                         name)
     zero = resolve_zero_stage(cfg.parallel.zero_stage, cfg.parallel.replicated_tensor_sharding, env,
                               cfg.memory.offload_mode)
+    shape = resolve_model_config(cfg)  # once: the host check and the model both need it
     if cfg.memory.offload_mode != "none":  # before any allocation
-        check_offload_fits_host(cfg.parallel, cfg.memory, resolve_model_config(cfg)[0], zero, env.world_size,
-                                processes_on_this_host())
+        check_offload_fits_host(cfg.parallel, cfg.memory, shape[0], zero, env.world_size, processes_on_this_host())
     configure_matmul(device, precision, cfg.runtime.enable_half_partials)
-    model, ckpt_dir = build_model(cfg, device)
+    model, ckpt_dir = build_model(cfg, device, shape)
     layout = build_layout(cfg.parallel, model.config.n_layer, env.world_size)
     accumulation = report_layout(layout, cfg.parallel, cfg.data.async_dataloader)
     init_process_group(env, device)
