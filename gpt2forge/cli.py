@@ -22,10 +22,26 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 @cli_main
 def megatron_main(argv: Sequence[str] | None = None) -> int:
     """`pretrain_gpt.py` / `pretrain_gpt2.py` / `gpt2forge-pretrain-gpt`: Megatron-LM's flags, the same trainer."""
+    from gpt2forge.train import megatron_args  # lazy: a console script imports only its own command
+
+    return _foreign_main(argv, megatron_args.translate)
+
+
+@cli_main
+def clm_main(argv: Sequence[str] | None = None) -> int:
+    """`train_clm.py` / `gpt2forge-train-clm`: Hugging Face run_clm_no_trainer.py's flags, the same trainer."""
+    from gpt2forge.train import clm_args  # lazy: a console script imports only its own command
+
+    return _foreign_main(argv, clm_args.translate)
+
+
+def _foreign_main(argv: Sequence[str] | None, translate: Callable[[Sequence[str]], dict]) -> int:
+    """Another tool's flags -> TrainConfig -> the one trainer (or, with --print-equivalent, its
+    train_gpt2.py command line)."""
     import shlex  # lazy, as the imports below
 
     from gpt2forge.train.config import TrainConfig  # lazy: a console script imports only its own command
-    from gpt2forge.train.megatron_args import equivalent_command, translate, wants_equivalent  # lazy: as above
+    from gpt2forge.train.front_end import equivalent_command, wants_equivalent  # lazy: as above
     from gpt2forge.train.trainer import run_training  # lazy: a console script imports only its own command
 
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -4,19 +4,21 @@ Owns the reader contract (`contract`: `DataRequest` in, `DatasetSplit` out, item
 token ids, the `ShardedStream` base and the `EpochOrdered` hook), the readers (`generated`,
 `pickled` with `safe_pickle`, `mmap` over the Megatron `indexed` format, `tfrecord`, `rawtext` for
 ``jsonl`` and ``text`` with its tokenized `text_cache` and the prompt/completion records of
-`completion`) and the registry `DATASETS` with `load_datasets`.
+`completion`, `hf_datasets` for ``hf``: Hugging Face ``datasets`` data grouped into blocks as
+transformers' run_clm) and the registry `DATASETS` with `load_datasets`.
 
 Adding a format: write ``gpt2forge/data/<format>.py`` with a ``load(req)`` function honouring
 the contract (import it from ``gpt2forge.data.contract``), and add one entry to ``DATASETS``.
 
-May import: gpt2forge.core, gpt2forge.ops, gpt2forge.text (the raw-text readers tokenize).
+May import: gpt2forge.core, gpt2forge.ops, gpt2forge.text (the raw-text readers tokenize); the optional
+``datasets`` package only inside `hf_datasets`, when ``--dataset hf`` is read.
 """
 
 from __future__ import annotations
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.data import generated, mmap, pickled, rawtext, tfrecord
+from gpt2forge.data import generated, hf_datasets, mmap, pickled, rawtext, tfrecord
 from gpt2forge.data.contract import (
     DataRequest,
     DatasetSplit,
@@ -34,6 +36,7 @@ DATASETS: dict[str, Reader] = {
     "tfrecord": tfrecord.load,
     "jsonl": rawtext.load,
     "text": rawtext.load,
+    "hf": hf_datasets.load,
 }
 """Registry: ``--dataset`` name -> reader. One entry per format module."""
 

@@ -75,17 +75,29 @@ class DataRequest:
     train_paths: tuple[str, ...] = ()
     """``--train-data-path``: training prefixes, optionally weighted (``W1 P1 W2 P2``); mmap only."""
     valid_paths: tuple[str, ...] = ()
-    """``--valid-data-path``: validation prefixes, optionally weighted; mmap only."""
+    """``--valid-data-path``: validation prefixes, optionally weighted (mmap); validation files (hf)."""
     test_paths: tuple[str, ...] = ()
     """``--test-data-path``: test prefixes, optionally weighted; mmap only."""
     tokenizer: str | None = None
     """``--tokenizer-name-or-path``: the raw-text readers tokenize with it (None: GPT-2's BPE)."""
     json_key: str = "text"
-    """``--json-key``: the text field of a JSONL record."""
+    """``--json-key``: the text field of a JSONL record (hf: the text column)."""
     cache_dir: str | None = None
     """``--data-cache-dir``: where raw-text readers keep their tokenized cache (None: beside the inputs)."""
     loss_on: str = "all"
     """``--loss-on``: ``all`` tokens, or only ``completion`` tokens (items then carry a loss mask)."""
+    dataset_config: str | None = None
+    """``--dataset-config-name``: hf: the dataset's configuration name (None: its default)."""
+    validation_split_percentage: int = 5
+    """``--validation-split-percentage``: hf without a validation split: the first N % of the training
+    records are validation, in [0, 100) (0: no validation)."""
+    keep_linebreaks: bool = True
+    """``--keep-linebreaks``: hf ``.txt`` records keep their line's ``\\n``."""
+    preprocessing_workers: int | None = None
+    """``--preprocessing-workers``: hf: processes tokenizing (datasets.map's num_proc; None: this process).
+    It changes the blocks, as in run_clm: each worker's batches drop their own remainders."""
+    overwrite_cache: bool = False
+    """``--overwrite-cache``: hf: rebuild the tokenized blocks even when cached."""
 
     def __post_init__(self) -> None:
         # A bare string would otherwise be iterated character by character (a reference QUIRK).
@@ -106,6 +118,10 @@ class DataRequest:
             errors.append(f"--windows {self.windows} is not one of {', '.join(WINDOWS)}")
         if self.val_num < 0:
             errors.append(f"--val-num {self.val_num} must be >= 0")
+        if not 0 <= self.validation_split_percentage < 100:
+            errors.append(f"--validation-split-percentage {self.validation_split_percentage} must be in [0, 100)")
+        if self.preprocessing_workers is not None and self.preprocessing_workers < 1:
+            errors.append(f"--preprocessing-workers {self.preprocessing_workers} must be >= 1")
         collect(errors)
 
 

@@ -156,7 +156,20 @@ def load_weights(model: GPT2LMHeadModel, ckpt_dir: Path) -> None:
                   else f"shape mismatch in {bad_shape[:3]}")
         raise UsageError(f"{path}: weights do not match config.json ({detail}); "
                          "the checkpoint is not a GPT-2 model of this shape")
-    model.load_state_dict(ours, strict=True)
+    ours = {k: v.to(expected[k].dtype) for k, v in ours.items()}  # fp32 masters whatever the file's dtype
+    model.load_state_dict(ours, strict=True, assign=True)  # the file's tensors become the parameters: no copy
+    if model.lm_head is not None:
+        model.lm_head.weight = model.transformer.wte.weight  # assign wraps each name in its own Parameter: re-tie
+
+
+def load_model(ckpt_dir: Path, config: ModelConfig | None = None) -> GPT2LMHeadModel:
+    """The checkpoint's model, built on the meta device and given the file's tensors: one copy of
+    the weights in memory, never a random initialisation beside them (run_clm's --low_cpu_mem_usage).
+    `config`: the shape when the caller changed it (dropout); default config.json's."""
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config or load_model_config(ckpt_dir))
+    load_weights(model, ckpt_dir)
+    return model
 
 
 def save_checkpoint(root: str | Path, name: str, model: GPT2LMHeadModel, training_state: dict[str, Any],
@@ -193,6 +206,38 @@ def save_checkpoint(root: str | Path, name: str, model: GPT2LMHeadModel, trainin
     write_atomic(root / LATEST, name + "\n")
     fsync_path(root)
     return final
+
+
+def export_pretrained(directory: str | Path, model: GPT2LMHeadModel, extra_files: dict[str, Path] | None = None,
+                      extra_json: dict[str, Any] | None = None) -> Path:
+    """The model alone in the Hugging Face layout (config.json, model.safetensors, the tokenizer's
+    `extra_files`, `extra_json` files) written into `directory`, which may hold other things (a run's
+    checkpoints). Each file appears whole (written aside, then renamed), the `extra_json` files last.
+
+    Raises UsageError, one line, when a write fails (nothing half-written is left under a final name).
+    """
+    directory = Path(directory)
+    tmp = directory / f".export.tmp-{os.getpid()}"
+    weights = to_hf_state_dict(model)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        model.config.save_json(tmp / "config.json")
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for fname, src in (extra_files or {}).items():
+            shutil.copyfile(src, tmp / fname)
+        for fname, content in (extra_json or {}).items():
+            (tmp / fname).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+        order = [f for f in tmp.iterdir() if f.name not in (extra_json or {})] + [tmp / f for f in extra_json or {}]
+        for f in order:
+            fsync_path(f)
+            os.replace(f, directory / f.name)
+        fsync_path(directory)
+    except (OSError, RuntimeError, SafetensorError) as exc:
+        raise UsageError(f"{directory}: could not write the final model ({one_line(exc)}); free space or fix the "
+                         "permissions; the run's checkpoints (step_N/) open with from_pretrained too") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
 
 
 def remove_stale_temporaries(root: Path) -> list[Path]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
+from gpt2forge.model.checkpoint import load_model, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.model.megatron_checkpoint import is_megatron_checkpoint, load_megatron_model
 from gpt2forge.text.tokenizer import HF_FILE, Tokenizer, load_bpe_files, load_tokenizer
@@ -75,8 +75,7 @@ def load_pretrained(path: str | Path, device: torch.device | str = "cpu",
         tok = load_checkpoint_tokenizer(ckpt, tokenizer_type)
         model = load_megatron_model(ckpt, vocab_size=tok.vocab_size)
     else:
-        model = GPT2LMHeadModel(load_model_config(ckpt))
-        load_weights(model, ckpt)
+        model = load_model(ckpt)
         tok = load_checkpoint_tokenizer(ckpt, tokenizer_type)
     if tok.vocab_size != model.config.vocab_size:
         raise UsageError(f"{ckpt}: the model's vocabulary ({model.config.vocab_size} ids) does not match the "

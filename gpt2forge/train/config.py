@@ -78,31 +78,58 @@ class ModelArgs:
 class DataArgs:
     """Data: source, files, tokenizer, splits, loading and the seed."""
 
-    dataset: str | None = opt(None, "data source: generated | pickle | tfrecord | mmap | jsonl | text (old: "
-                              "--train-path generated|<file.pkl>|tfrecord|dynamic)",
-                              choices=("generated", "pickle", "tfrecord", "mmap", "jsonl", "text"))
+    dataset: str | None = opt(None, "data source: generated | pickle | tfrecord | mmap | jsonl | text | hf (old: "
+                              "--train-path generated|<file.pkl>|tfrecord|dynamic); hf: a Hugging Face `datasets` "
+                              "dataset or .txt/.json/.jsonl/.csv files read through the `datasets` library, each "
+                              "record tokenized, concatenated and cut into blocks of --max-len tokens (run_clm's "
+                              "group_texts)",
+                              choices=("generated", "pickle", "tfrecord", "mmap", "jsonl", "text", "hf"))
     """Reader name; None only with --compile-only or --plan."""
     input_files: list[str] | None = opt(None, "data files: the .pkl for pickle, 'DIR/*.tfrecord' (with their "
                                         ".index files) for tfrecord, PREFIX of PREFIX.bin/.idx for mmap, or a "
                                         "weighted blend 'W1 PREFIX1 W2 PREFIX2 ...' (Megatron's --data-path); "
-                                        "files or globs for jsonl and text",
+                                        "files or globs for jsonl and text; for hf a datasets folder (save_to_disk, "
+                                        "or data files), a dataset name in the local datasets cache, or "
+                                        ".txt/.json/.jsonl/.csv files or globs (run_clm's --train_file)",
                                         "--data-prefix", "--tfrecord-path", "--data-path", kind="list_str")
     """Paths, glob patterns or prefixes the reader opens (mmap: optionally weighted, Megatron's syntax)."""
     train_data_path: list[str] | None = opt(None, "(new) mmap: training data alone ('[W1] PREFIX1 ...'), with "
                                             "--valid-data-path and --test-data-path instead of --split (Megatron's)",
                                             kind="list_str")
     """Training prefixes (optionally weighted); None: from input_files and split."""
-    valid_data_path: list[str] | None = opt(None, "(new) mmap: validation data ('[W1] PREFIX1 ...')", kind="list_str")
-    """Validation prefixes (optionally weighted)."""
+    valid_data_path: list[str] | None = opt(None, "(new) mmap: validation data ('[W1] PREFIX1 ...'); hf: validation "
+                                            "files of the --input-files kind (run_clm's --validation_file)",
+                                            kind="list_str")
+    """Validation prefixes (optionally weighted) for mmap; validation files for hf."""
     test_data_path: list[str] | None = opt(None, "(new) mmap: test data ('[W1] PREFIX1 ...'), evaluated at the end "
                                            "of training", kind="list_str")
     """Test prefixes (optionally weighted); evaluated once after training."""
-    json_key: str = opt("text", "(new) jsonl: the key holding each document's text (Megatron's --json-keys)")
-    """JSON key of the document text for --dataset jsonl."""
-    data_cache_dir: str | None = opt(None, "(new) jsonl and text: where the tokenized .bin/.idx cache and its "
-                                     "manifest are written (default: a .gpt2forge_cache folder beside the first "
-                                     "input file)")
+    json_key: str = opt("text", "(new) jsonl: the key holding each document's text (Megatron's --json-keys); hf: "
+                        "the text column (when the data has no such column and this is `text`: the first column, "
+                        "as run_clm)")
+    """JSON key of the document text for --dataset jsonl; the text column for --dataset hf."""
+    data_cache_dir: str | None = opt(None, "(new) jsonl, text and hf: where the tokenized cache (.bin/.idx; hf: "
+                                     ".npy blocks) and its manifest are written (default: a .gpt2forge_cache folder "
+                                     "beside the first input file or the dataset folder; hf dataset names: in the "
+                                     "datasets cache)")
     """Cache folder of tokenized raw text; None: beside the inputs."""
+    dataset_config_name: str | None = opt(None, "(new) hf: the dataset's configuration name (run_clm's "
+                                          "--dataset_config_name)")
+    """Configuration of a datasets dataset; None: its default."""
+    validation_split_percentage: int = opt(5, "(new) hf with no validation split or --valid-data-path: the first "
+                                           "N percent of the training records are the validation set, the rest train "
+                                           "(run_clm's; 0: no validation)")
+    """Percent of the training records held out for validation when the data has no validation split, in [0, 100)."""
+    keep_linebreaks: bool = opt(True, "(new) hf: .txt records keep each line's newline (run_clm_no_trainer's "
+                                "default; --keep-linebreaks False is its --no_keep_linebreaks)", kind="bool")
+    """Keep the trailing newline of each .txt line."""
+    preprocessing_workers: int | None = opt(None, "(new) hf: processes tokenizing (run_clm's "
+                                            "--preprocessing_num_workers; default: this process); as in run_clm it "
+                                            "changes the blocks, since each worker drops its batches' remainders")
+    """datasets.map num_proc of the tokenizing; None: in this process."""
+    overwrite_cache: bool = opt(False, "(new) hf: rebuild the tokenized blocks even when cached (run_clm's "
+                                "--overwrite_cache)", kind="bool")
+    """Rebuild the hf block cache."""
     loss_on: str = opt("all", "(new) which tokens carry loss: all | completion (prompt/completion JSONL: prompt "
                        "tokens are masked)", choices=("all", "completion"))
     """Loss on every token, or only on completion tokens of prompt/completion records."""
@@ -146,14 +173,19 @@ class DataArgs:
         problems = positive(self, "stride")
         problems += [f"--{flag(name)} must be >= 0" for name in ("val_num", "num_workers")
                      if getattr(self, name) < 0]
-        split_paths = self.train_data_path or self.valid_data_path or self.test_data_path
-        if self.dataset in ("pickle", "tfrecord", "jsonl", "text") and not self.input_files:
+        problems += positive(self, "preprocessing_workers", optional=True)
+        if not 0 <= self.validation_split_percentage < 100:
+            problems.append("--validation-split-percentage must be in [0, 100) "
+                            f"(got {self.validation_split_percentage})")
+        split_paths = self.train_data_path or self.test_data_path or (self.valid_data_path and self.dataset != "hf")
+        if self.dataset in ("pickle", "tfrecord", "jsonl", "text", "hf") and not self.input_files:
             problems.append(f"--dataset {self.dataset} needs --input-files PATH")
         if self.dataset == "mmap" and not (self.input_files or self.train_data_path):
             problems.append("--dataset mmap needs --input-files PREFIX (or W1 PREFIX1 W2 PREFIX2 ...) or "
                             "--train-data-path")
         if split_paths and self.dataset != "mmap":
-            problems.append("--train-data-path/--valid-data-path/--test-data-path need --dataset mmap")
+            problems.append("--train-data-path/--valid-data-path/--test-data-path need --dataset mmap "
+                            "(--valid-data-path also goes with --dataset hf)")
         if self.loss_on == "completion" and self.dataset not in ("jsonl", None):
             problems.append("--loss-on completion needs --dataset jsonl with prompt/completion records")
         collect(problems)
@@ -335,8 +367,8 @@ class CheckpointArgs:
     checkpoint_output_dir: str | None = opt(None, "where step_N/ and epoch_N/ checkpoints are written; "
                                             "nothing is saved when unset", "--save-model-path")
     """Root of the run's checkpoints; None: nothing is saved."""
-    save_per_epochs: int = opt(1, "save epoch_N/ every N epochs")
-    """Epochs between epoch_N/ checkpoints."""
+    save_per_epochs: int = opt(1, "save epoch_N/ every N epochs (0: no epoch checkpoints)")
+    """Epochs between epoch_N/ checkpoints; 0: none."""
     save_per_steps: int | None = opt(None, "save step_N/ every N host steps")
     """Host steps between step_N/ checkpoints; None: none."""
     resume_training_from_checkpoint: bool = opt(False, "continue the run saved in --checkpoint-input-dir "
@@ -353,9 +385,15 @@ class CheckpointArgs:
     keep_checkpoints: int | None = opt(None, "(new) keep only the N newest checkpoints in --checkpoint-output-dir "
                                        "(older step_N/ and epoch_N/ are deleted after each save)")
     """Checkpoints kept; None: all."""
+    final_model_dir: str | None = opt(None, "(new) after training, write the final model and its tokenizer here in "
+                                      "the Hugging Face layout (from_pretrained opens it), with all_results.json "
+                                      "(the last validation perplexity): what run_clm leaves in --output_dir")
+    """Folder of the final model; None: only the checkpoints."""
 
     def __post_init__(self) -> None:
-        problems = positive(self, "save_per_epochs") + positive(self, "save_per_steps", optional=True)
+        problems = positive(self, "save_per_steps", optional=True)
+        if self.save_per_epochs < 0:
+            problems.append(f"--save-per-epochs must be >= 0 (got {self.save_per_epochs})")
         if self.resume_training_from_checkpoint and not self.checkpoint_input_dir:
             problems.append("--resume-training-from-checkpoint needs --checkpoint-input-dir DIR")
         if self.auto_resume and not self.checkpoint_output_dir:
@@ -387,8 +425,9 @@ class LoggingArgs:
     """Profiler output directory; None: profile/ beside the metrics file."""
 
     log_format: str = opt("graphcore", "(new) the step line: graphcore (the reference's) | megatron (Megatron-LM's "
-                          "`iteration N/ M | consumed samples: ...` for its users' log parsers)",
-                          choices=("graphcore", "megatron"))
+                          "`iteration N/ M | consumed samples: ...` for its users' log parsers) | run_clm (the "
+                          "graphcore step line, and Hugging Face run_clm's `epoch N: perplexity: P eval_loss: L` "
+                          "after each validation)", choices=("graphcore", "megatron", "run_clm"))
     """Layout of the step and validation lines."""
 
     def __post_init__(self) -> None:

@@ -67,9 +67,15 @@ def megatron_step_line(r: StepReport, now: datetime | None = None) -> str:
             f"number of nan iterations: {nan:3d} |")
 
 
-def validation_lines(fmt: str, step: int, loss: float, perplexity: float, tokens: int, split: str = "validation"
-                     ) -> list[str]:
-    """The lines of one validation (or test: split="test") result."""
+def validation_lines(fmt: str, step: int, loss: float, perplexity: float, tokens: int, split: str = "validation",
+                     epoch: int = 0) -> list[str]:
+    """The lines of one validation (or test: split="test") result; `epoch`: 0-based, of the last step."""
+    if fmt == "run_clm" and split == "validation":  # transformers' run_clm_no_trainer.py, after each epoch
+        try:
+            perplexity = math.exp(loss)
+        except OverflowError:
+            perplexity = float("inf")
+        return [f"epoch {epoch}: perplexity: {perplexity} eval_loss: {loss}"]
     if fmt != "megatron":
         return [f"{split} after step {step}: loss {loss:.4f}, perplexity {perplexity:.2f}, tokens {tokens}"]
     where = f"iteration {step}" if split == "validation" else f"iteration {step} on {split} set"  # Megatron's prefix

@@ -1,13 +1,8 @@
 """Megatron-LM / Megatron-DeepSpeed command lines -> TrainConfig: `pretrain_gpt.py` and the older
 `pretrain_gpt2.py` take their users' flags and run the one trainer.
 
-`FLAGS` is the whole mapping, one row per Megatron flag: its spellings, its `--help` group (as
-Megatron groups them), what it becomes here and its help line. A row's target is one of
-- a TrainConfig field name: the value is stored there (after the row's type conversion);
-- a function `(value, values) -> None` for what takes more than a rename (batch sizes, the
-  precision, checkpoint loading);
-- `Refused("why")`: the flag exists in Megatron but has no meaning here; giving it stops with one
-  line that names it and says why (exit 2). Nothing is dropped silently.
+`FLAGS` is the whole mapping, one `front_end.Flag` row per Megatron flag in Megatron's `--help`
+groups: a TrainConfig field, a rule (batch sizes, the precision, checkpoint loading) or `Refused`.
 Megatron's defaults that differ from this trainer's are applied first (`MEGATRON_DEFAULTS`), so an
 omitted flag means what it means in Megatron (no warm-up, linear decay, weight decay 0.01, clip 1.0,
 log every 100 iterations, ...). The global batch becomes gradient accumulation: global / (micro x
@@ -21,43 +16,30 @@ With `--deepspeed --deepspeed_config ds.json` the DeepSpeed config is applied on
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.flags import flag
 from gpt2forge.text.tokenizer import is_gpt2_files
-from gpt2forge.train.config import FIELD_SECTION, TrainConfig
+from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.deepspeed_config import apply_deepspeed_config
+from gpt2forge.train.front_end import (  # noqa: F401 -- equivalent_command, wants_equivalent: this front end's API
+    KFAC_FLAGS,
+    Flag,
+    FrontEnd,
+    Refused,
+    accept,
+    equivalent_command,
+    switch_to,
+    wants_equivalent,
+)
 
 GROUPS = ("model", "regularization", "training", "learning rate", "checkpointing", "mixed precision", "distributed",
           "validation", "data and dataloader", "logging", "DeepSpeed", "K-FAC")
 """Megatron's --help groups, in its order (Megatron-DeepSpeed's DeepSpeed flags, then gpt2forge's K-FAC)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Refused:
-    """A Megatron flag with no meaning here: `why` is the second half of its one-line error."""
-
-    why: str
-
-
-Target = str | Callable[[Any, dict], None] | Refused
-
-
-@dataclasses.dataclass(frozen=True)
-class MegatronFlag:
-    names: tuple[str, ...]
-    group: str
-    target: Target
-    help: str
-    type: Callable[[str], Any] | None = str
-    """Converts the value; None: a switch (no value, True when given)."""
-    nargs: str | None = None
 
 
 # -- the rules that take more than a rename -------------------------------------------------------------
@@ -160,10 +142,6 @@ def _distributed_optimizer(_value, values: dict) -> None:
     values["zero_stage"] = 1
 
 
-def _accept(_value, _values: dict) -> None:
-    """Flags that ask for what this trainer always does."""
-
-
 def _decay_style(value: str, values: dict) -> None:
     if value not in ("linear", "cosine", "constant"):
         raise UsageError(f"--lr-decay-style {value}: linear, cosine or constant here (Megatron also has "
@@ -171,18 +149,12 @@ def _decay_style(value: str, values: dict) -> None:
     values["lr_schedule"] = value
 
 
-def _switch_to(field_name: str, value: Any = True):
-    def apply(_value, values: dict) -> None:
-        values[field_name] = value
-    return apply
-
-
 def _csv(text: str) -> str:
     return text.replace(" ", "")
 
 
-M = MegatronFlag
-FLAGS: tuple[MegatronFlag, ...] = (
+M = Flag
+FLAGS: tuple[Flag, ...] = (
     # model
     M(("--num-layers",), "model", "num_layers", "transformer blocks", int),
     M(("--hidden-size",), "model", "hidden_size", "hidden (embedding) width", int),
@@ -215,10 +187,10 @@ FLAGS: tuple[MegatronFlag, ...] = (
     M(("--checkpoint-activations", "--recompute-activations"), "training", _recompute,
       "recompute every block's activations in backward", None),
     M(("--recompute-granularity",), "training", _recompute_granularity, "full | selective"),
-    M(("--checkpoint-num-layers", "--recompute-num-layers"), "training", _accept,
+    M(("--checkpoint-num-layers", "--recompute-num-layers"), "training", accept,
       "blocks per recomputed chunk (every block is its own chunk here)", int),
-    M(("--recompute-method",), "training", _accept, "uniform | block (every block is recomputed here)"),
-    M(("--exit-signal-handler",), "training", _switch_to("exit_signal_handler"),
+    M(("--recompute-method",), "training", accept, "uniform | block (every block is recomputed here)"),
+    M(("--exit-signal-handler",), "training", switch_to("exit_signal_handler"),
       "save and exit on SIGTERM (on by default here)", None),
     M(("--exit-interval", "--exit-duration-in-mins"), "training",
       Refused("stop with --train-iters or a signal (SIGTERM/SIGUSR1 save a checkpoint and exit 0)"), "", int),
@@ -253,7 +225,7 @@ FLAGS: tuple[MegatronFlag, ...] = (
       "clean updates before the dynamic scale doubles", int),
     M(("--hysteresis",), "mixed precision", "loss_scale_hysteresis",
       "overflowing updates tolerated before the scale halves", int),
-    M(("--fp32-embedding",), "mixed precision", _accept, "the weights are fp32 masters here", None),
+    M(("--fp32-embedding",), "mixed precision", accept, "the weights are fp32 masters here", None),
     # distributed
     M(("--tensor-model-parallel-size", "--model-parallel-size"), "distributed", _tensor_parallel,
       "tensor-parallel size: heads, MLP, embedding and LM head split over N processes (train_gpt2.py "
@@ -263,11 +235,11 @@ FLAGS: tuple[MegatronFlag, ...] = (
     M(("--sequence-parallel",), "distributed", _sequence_parallel,
       "LayerNorm and dropout regions split along the sequence (with tensor parallelism; off at size 1, as in "
       "Megatron)", None),
-    M(("--distributed-backend",), "distributed", _accept, "nccl | gloo: chosen by the device here"),
-    M(("--DDP-impl",), "distributed", _accept, "local | torch: torch's DDP here"),
+    M(("--distributed-backend",), "distributed", accept, "nccl | gloo: chosen by the device here"),
+    M(("--DDP-impl",), "distributed", accept, "local | torch: torch's DDP here"),
     M(("--use-distributed-optimizer",), "distributed", _distributed_optimizer,
       "shard the optimizer state across replicas (ZeRO-1)", None),
-    M(("--local_rank", "--local-rank"), "distributed", _accept, "set by the launcher", int),
+    M(("--local_rank", "--local-rank"), "distributed", accept, "set by the launcher", int),
     # validation
     M(("--eval-interval",), "validation", "eval_every_steps", "validate every N updates", int),
     M(("--eval-iters",), "validation", "eval_iters", "validation batches (of the global batch) each time", int),
@@ -286,44 +258,36 @@ FLAGS: tuple[MegatronFlag, ...] = (
     M(("--seed",), "data and dataloader", "seed", "random seed", int),
     M(("--num-workers",), "data and dataloader", "num_workers", "data-loader worker processes", int),
     M(("--cache-dir",), "data and dataloader", "data_cache_dir", "where tokenized --train-data is cached"),
-    M(("--lazy-loader", "--presplit-sentences", "--resume-dataloader"), "data and dataloader", _accept,
+    M(("--lazy-loader", "--presplit-sentences", "--resume-dataloader"), "data and dataloader", accept,
       "(seed 001) the JSON is read lazily, sentences need no presplit, and resuming restores the data position "
       "here", None),
-    M(("--reset-position-ids",), "data and dataloader", _switch_to("reset_position_ids"),
+    M(("--reset-position-ids",), "data and dataloader", switch_to("reset_position_ids"),
       "positions restart after each end-of-document", None),
-    M(("--reset-attention-mask",), "data and dataloader", _switch_to("reset_attention_mask"),
+    M(("--reset-attention-mask",), "data and dataloader", switch_to("reset_attention_mask"),
       "attention stays within each document", None),
-    M(("--eod-mask-loss",), "data and dataloader", _switch_to("eod_mask_loss"), "no loss after end-of-document",
+    M(("--eod-mask-loss",), "data and dataloader", switch_to("eod_mask_loss"), "no loss after end-of-document",
       None),
     # logging
     M(("--log-interval",), "logging", "log_steps", "print the step line every N updates", int),
     M(("--tensorboard-dir",), "logging", "tensorboard_dir", "TensorBoard event files"),
-    # K-FAC: gpt2forge's own flags, the same in every front end (docs/training.md#k-fac)
-    M(("--kfac",), "K-FAC", _switch_to("kfac"), "precondition the blocks' nn.Linear gradients with K-FAC", None),
-    M(("--kfac-factor-update-steps",), "K-FAC", "kfac_factor_update_steps", "updates between factor updates", int),
-    M(("--kfac-inv-update-steps",), "K-FAC", "kfac_inv_update_steps", "updates between decompositions", int),
-    M(("--kfac-damping",), "K-FAC", "kfac_damping", "Tikhonov damping", float),
-    M(("--kfac-factor-decay",), "K-FAC", "kfac_factor_decay", "running-average decay of the factors", float),
-    M(("--kfac-kl-clip",), "K-FAC", "kfac_kl_clip", "KL clipping bound (0: off)", float),
-    M(("--kfac-skip-layers",), "K-FAC", "kfac_skip_layers", "regular expressions of layers left alone", str, "+"),
-    M(("--kfac-compute-method",), "K-FAC", "kfac_compute_method", "eigen | inverse"),
+    *KFAC_FLAGS,  # gpt2forge's own, the same in every front end (docs/training.md#k-fac)
     # DeepSpeed (Megatron-DeepSpeed's arguments.py and deepspeed.add_config_arguments)
-    M(("--deepspeed", "--deepscale"), "DeepSpeed", _switch_to("_deepspeed"),
+    M(("--deepspeed", "--deepscale"), "DeepSpeed", switch_to("_deepspeed"),
       "read --deepspeed_config (ds.json) as DeepSpeed's engine would", None),
     M(("--deepspeed_config", "--deepspeed-config", "--deepscale_config"), "DeepSpeed", "_deepspeed_config",
       "ds.json: batch sizes, clipping, fp16/bf16, ZeRO, optimizer and scheduler (docs/megatron.md)"),
     M(("--zero-stage", "--zero_stage"), "DeepSpeed", "zero_stage",
       "ZeRO stage 0-3 (ds.json's zero_optimization.stage wins)", int),
-    M(("--cpu-optimizer",), "DeepSpeed", _switch_to("offload", "optimizer"),
+    M(("--cpu-optimizer",), "DeepSpeed", switch_to("offload", "optimizer"),
       "optimizer state and update in host memory (--offload optimizer)", None),
-    M(("--deepspeed-activation-checkpointing",), "DeepSpeed", _accept,
+    M(("--deepspeed-activation-checkpointing",), "DeepSpeed", accept,
       "DeepSpeed's implementation of --checkpoint-activations: torch's here", None),
-    M(("--partition-activations",), "DeepSpeed", _accept,
+    M(("--partition-activations",), "DeepSpeed", accept,
       "no effect without tensor parallelism (as in DeepSpeed)", None),
     M(("--checkpoint-in-cpu",), "DeepSpeed",
       Refused("checkpointed activations stay on the device here; --checkpoint-activations recomputes them"), "",
       None),
-    M(("--no-pipeline-parallel",), "DeepSpeed", _accept,
+    M(("--no-pipeline-parallel",), "DeepSpeed", accept,
       "the model runs unsplit without --pipeline-model-parallel-size", None),
 )
 
@@ -338,39 +302,14 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
 """Megatron-LM's defaults where they differ from train_gpt2.py's (arguments.py of Megatron-LM)."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own message, as one line with the fix
-        if "unrecognized arguments" in message:
-            message += ("; pretrain_gpt.py takes the Megatron-LM flags listed by --help (docs/megatron.md has the "
-                        "mapping); train_gpt2.py's own flags go to train_gpt2.py")
-        raise UsageError(message)
+FRONT_END = FrontEnd("pretrain_gpt.py", "Megatron-LM / Megatron-DeepSpeed GPT flags, run by gpt2forge's trainer.",
+                     GROUPS, FLAGS, "; pretrain_gpt.py takes the Megatron-LM flags listed by --help (docs/megatron.md "
+                     "has the mapping); train_gpt2.py's own flags go to train_gpt2.py")
 
 
-def build_parser(prog: str = "pretrain_gpt.py") -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """Megatron's flags in Megatron's groups; defaults SUPPRESSed, so only given flags appear."""
-    parser = _Parser(prog=prog, argument_default=argparse.SUPPRESS,
-                     description="Megatron-LM / Megatron-DeepSpeed GPT flags, run by gpt2forge's trainer.")
-    parser.add_argument("--print-equivalent", action="store_true",
-                        help="print the same run as a train_gpt2.py command line, then exit")
-    groups = {name: parser.add_argument_group(name) for name in GROUPS}
-    for i, row in enumerate(FLAGS):
-        kw: dict[str, Any] = {"dest": f"flag{i}", "help": _help(row)}
-        if row.type is None:
-            kw.update(action="store_const", const=True)
-        else:
-            kw.update(type=row.type, metavar=row.names[0].lstrip("-").replace("-", "_").upper())
-            if row.nargs:
-                kw["nargs"] = row.nargs
-        groups[row.group].add_argument(*row.names, **kw)
-    return parser
-
-
-def _help(row: MegatronFlag) -> str:
-    if isinstance(row.target, Refused):
-        return f"refused here: {row.target.why}"
-    if isinstance(row.target, str) and not row.target.startswith("_"):
-        return f"{row.help} (train_gpt2.py --{flag(row.target)})"
-    return row.help
+    return FRONT_END.build_parser()
 
 
 def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, Any]:
@@ -379,20 +318,7 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
     Raises:
         UsageError: a refused flag, an unknown flag, a bad value, or batch sizes that do not divide.
     """
-    given = vars(build_parser().parse_args(list(argv)))
-    given.pop("print_equivalent", None)
-    flagged: dict[str, Any] = {}
-    set_by: dict[str, str] = {}  # field -> the flag that set it, for ds.json's precedence notices
-    for key, value in given.items():
-        row = FLAGS[int(key.removeprefix("flag"))]
-        if isinstance(row.target, Refused):
-            raise UsageError(f"{row.names[0]}: {row.target.why}")
-        before = dict(flagged)
-        if isinstance(row.target, str):
-            flagged[row.target] = value
-        else:
-            row.target(value, flagged)
-        set_by.update({name: row.names[0] for name in flagged if name not in before or flagged[name] != before[name]})
+    flagged, set_by = FRONT_END.parse(argv)  # set_by: field -> its flag, for ds.json's precedence notices
     values: dict[str, Any] = {**MEGATRON_DEFAULTS, **flagged}
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     _deepspeed(values, set_by, world_size)
@@ -502,25 +428,3 @@ def _tokenizer(values: dict) -> None:
 def parse_args(argv: Sequence[str], world_size: int | None = None) -> TrainConfig:
     """Megatron argv -> TrainConfig (validated as train_gpt2.py's flags are)."""
     return TrainConfig.from_flat(translate(argv, world_size))
-
-
-def equivalent_command(values: dict[str, Any]) -> list[str]:
-    """`train_gpt2.py` arguments of the run `values` describes (one flag per field)."""
-    out = []
-    for name, value in values.items():
-        if name not in FIELD_SECTION:
-            continue
-        out.append(f"--{flag(name)}")
-        if isinstance(value, list):
-            out += [str(v) for v in value]
-        elif isinstance(value, bool):
-            out.append(str(value).lower())
-        else:
-            out.append(str(value))
-    return out
-
-
-def wants_equivalent(argv: Sequence[str]) -> bool:
-    """Whether argv asks for `--print-equivalent` (print the train_gpt2.py line instead of training)."""
-    return "--print-equivalent" in argv
-

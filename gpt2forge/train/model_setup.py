@@ -21,7 +21,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.generate.generator import sample
-from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
+from gpt2forge.model.checkpoint import load_model, load_model_config, resolve_checkpoint_dir
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.model.megatron_checkpoint import is_megatron_checkpoint, load_megatron_checkpoint, megatron_model_config
@@ -105,15 +105,16 @@ def build_model(cfg: TrainConfig, device: torch.device,
     """Model on `device` in fp32 (master weights), seeded init or checkpoint weights. `shape`:
     `resolve_model_config(cfg)` when the caller has it already."""
     mcfg, ckpt = shape or resolve_model_config(cfg)
-    model = GPT2LMHeadModel(mcfg)
     if ckpt is None:
+        model = GPT2LMHeadModel(mcfg)
         model.init_weights(torch.Generator().manual_seed(cfg.data.seed))
     elif is_megatron_checkpoint(ckpt):
+        model = GPT2LMHeadModel(mcfg)
         _, state = load_megatron_checkpoint(ckpt, vocab_size=mcfg.vocab_size)
         model.load_state_dict(state, strict=True)
         log.info(f"loaded weights from the Megatron-LM checkpoint {ckpt}")
     else:
-        load_weights(model, ckpt)
+        model = load_model(ckpt, mcfg)
         log.info(f"loaded weights from {ckpt}")
         if not cfg.checkpoint.resume_training_from_checkpoint:
             log.info("fine-tuning: a new optimizer, LR schedule and step count (--resume-training-from-checkpoint "

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.model.checkpoint import (
     LINEAGE,
     WEIGHT_FILES,
+    export_pretrained,
     latest_checkpoint,
     load_training_state,
     prune_checkpoints,
@@ -94,8 +96,8 @@ def save(run: Run, progress: Progress, names: str | tuple[str, ...], metrics: di
     names = (names,) if isinstance(names, str) else tuple(names)
     model, optimizer_state = run.strategy.checkpoint_state(run.optimizer)
     rngs = gather_rng_states(run.device)
-    error = None
-    if run.dist_env.is_main:
+
+    def write() -> None:
         state = {
             "progress": dataclasses.asdict(progress),
             "optimizer": optimizer_state,
@@ -107,14 +109,23 @@ def save(run: Run, progress: Progress, names: str | tuple[str, ...], metrics: di
         }
         if run.kfac is not None:  # the same on every replica (factors all-reduced, decompositions broadcast)
             state["kfac"] = run.kfac.state_dict()
+        _write(run.cfg, model, state, names)
+
+    _on_rank0(run, write, "save the checkpoint")
+
+
+def _on_rank0(run: Run, write: Callable[[], None], what: str) -> None:
+    """`write()` on rank 0 while the others wait; its UsageError is raised on every rank."""
+    error = None
+    if run.dist_env.is_main:
         try:
-            _write(run.cfg, model, state, names)
+            write()
         except UsageError as exc:
             error = str(exc)
     wait_for_rank0()  # until rank 0 has written it
     error = _from_rank0(error)
     if error is not None:
-        raise UsageError(error if run.dist_env.is_main else "rank 0 could not save the checkpoint; its error says why")
+        raise UsageError(error if run.dist_env.is_main else f"rank 0 could not {what}; its error says why")
 
 
 def _write(cfg: TrainConfig, model: GPT2LMHeadModel, state: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -202,6 +213,19 @@ def apply_auto_resume(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def export_final(run: Run, directory: str, results: dict[str, float]) -> None:
+    """--final-model-dir: the trained model, its tokenizer and all_results.json there (rank 0 writes;
+    a collective when the model is sharded or pipelined)."""
+    model = whole_model(run)
+
+    def write() -> None:
+        files = checkpoint_tokenizer_files(model.config.vocab_size, run.cfg.data.tokenizer_name_or_path)
+        export_pretrained(directory, model, files, {"all_results.json": results})
+        log.info(f"saved the final model and tokenizer in {directory}")
+
+    _on_rank0(run, write, "write the final model")
+
+
 def checkpoint_tokenizer_files(vocab_size: int, tokenizer_path: str | None = None) -> dict:
     """The tokenizer files to ship inside a checkpoint: --tokenizer-name-or-path's when given, else
     the GPT-2 BPE files (HF vocab.json/merges.txt) when they apply."""
@@ -224,7 +248,7 @@ def checkpoint_name(cfg: CheckpointArgs, progress: Progress, epoch_done: bool, l
     names = []
     if stopping or (cfg.save_per_steps and progress.step % cfg.save_per_steps == 0):
         names.append(f"step_{progress.step}")
-    if epoch_done and progress.epoch % cfg.save_per_epochs == 0:
+    if epoch_done and cfg.save_per_epochs and progress.epoch % cfg.save_per_epochs == 0:
         names.append(f"epoch_{progress.epoch}")
     if last and not names:
         names.append(f"step_{progress.step}")

@@ -62,7 +62,15 @@ from gpt2forge.train.observe import RunMonitor
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
 from gpt2forge.train.signals import ExitRequested, agreed_signal, exit_notice, exit_signals
-from gpt2forge.train.state import Progress, apply_auto_resume, checkpoint_name, resume, save, whole_model
+from gpt2forge.train.state import (
+    Progress,
+    apply_auto_resume,
+    checkpoint_name,
+    export_final,
+    resume,
+    save,
+    whole_model,
+)
 from gpt2forge.train.step import Run, evaluate, train_step, validation_subset
 
 
@@ -146,7 +154,11 @@ def data_request(cfg: TrainConfig, vocab_size: int, samples_per_step: int, steps
                        train_samples=None if steps is None else steps * samples_per_step,
                        train_paths=tuple(data.train_data_path or ()), valid_paths=tuple(data.valid_data_path or ()),
                        test_paths=tuple(data.test_data_path or ()), tokenizer=data.tokenizer_name_or_path,
-                       json_key=data.json_key, cache_dir=data.data_cache_dir, loss_on=data.loss_on)
+                       json_key=data.json_key, cache_dir=data.data_cache_dir, loss_on=data.loss_on,
+                       dataset_config=data.dataset_config_name,
+                       validation_split_percentage=data.validation_split_percentage,
+                       keep_linebreaks=data.keep_linebreaks, preprocessing_workers=data.preprocessing_workers,
+                       overwrite_cache=data.overwrite_cache)
 
 
 def run_training(cfg: TrainConfig) -> int:
@@ -245,7 +257,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, model.config.flops_per_token(cfg.arch.max_len), peak)
     monitor = RunMonitor(cfg, model.config, total_steps)
     try:
-        _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
+        last_val = _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
         if data.test is not None:
             with _paused(run):
                 test = evaluate(run, data.test)
@@ -255,6 +267,9 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
                                 "test_loss": test[0], "test_perplexity": test[1]})
     finally:
         monitor.close()
+    if cfg.checkpoint.final_model_dir:
+        with _paused(run):
+            export_final(run, cfg.checkpoint.final_model_dir, {"perplexity": last_val[1]} if last_val else {})
     if cfg.eval.sample_tokens:
         with _paused(run):
             maybe_sample(cfg, whole_model(run), device)
@@ -300,7 +315,8 @@ def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device)
 
 
 def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
-          monitor: RunMonitor) -> None:
+          monitor: RunMonitor) -> tuple[float, float, int] | None:
+    """Train to `total_steps`; returns the last validation result (None without one)."""
     cfg = run.cfg
     shuffle = cfg.data.dataset != "generated"
     log.banner("Training")
@@ -356,7 +372,7 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 run.strategy.report_peak_memory(peak_gib)
             with _paused(run):
                 if eval_now:
-                    last_val = _evaluate(run, data, progress, monitor) or last_val
+                    last_val = _evaluate(run, data, progress, monitor, epoch) or last_val
                 name = checkpoint_name(cfg.checkpoint, progress, epoch_done, last, stopping=stop is not None)
                 if name:
                     metrics = {"loss": loss, "acc": acc}
@@ -367,15 +383,17 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                 raise ExitRequested(exit_notice(stop, progress.step, cfg.checkpoint.checkpoint_output_dir, name))
             if last or epoch_done:
                 break
+    return last_val
 
 
-def _evaluate(run: Run, data, progress: Progress, monitor: RunMonitor) -> tuple[float, float, int] | None:
+def _evaluate(run: Run, data, progress: Progress, monitor: RunMonitor, epoch: int
+              ) -> tuple[float, float, int] | None:
     """The validation loss (logged and recorded; None without a validation set), then the quick
-    zero-shot figures when asked (rank 0 alone, the other ranks wait)."""
+    zero-shot figures when asked (rank 0 alone, the other ranks wait). `epoch`: the last step's (0-based)."""
     val = None
     if data.val is not None:
         val = evaluate(run, validation_subset(data.val, run.cfg))
-        for line in validation_lines(run.cfg.logging.log_format, progress.step, *val):
+        for line in validation_lines(run.cfg.logging.log_format, progress.step, *val, epoch=epoch):
             log.info(line)
         monitor.validation({"step": progress.step, "tokens": progress.step * run.cfg.tokens_per_step,
                             "val_loss": val[0], "val_perplexity": val[1]})

@@ -14,9 +14,15 @@ import torch
 from test_megatron_args import TINY, _corpus, _step_lines, seed_000_argv  # pytest puts tests/train on the path
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.flags import flag
 from gpt2forge.train.deepspeed_config import KEYS, resolve_batch
-from gpt2forge.train.megatron_args import FLAGS, Refused, build_parser, equivalent_command, parse_args, translate
+from gpt2forge.train.front_end import cell
+from gpt2forge.train.megatron_args import (
+    FRONT_END,
+    build_parser,
+    equivalent_command,
+    parse_args,
+    translate,
+)
 from gpt2forge.train.schedule import build_lr_schedule
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "megatron.md"
@@ -201,28 +207,14 @@ def test_schedules_equal_deepspeeds_one_update_earlier(tmp_path, kind, params):
     assert theirs == pytest.approx([ours[u] if same else ours[max(u - 1, 0)] for u, same in enumerate(aligned)])
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def flag_table() -> list[str]:
     """docs/megatron.md's table of `FLAGS`, one line per row (paste the failing test's output there)."""
-    lines = ["| Megatron flag | Group | Here: `train_gpt2.py` flag, meaning |", "| --- | --- | --- |"]
-    for row in FLAGS:
-        names = ", ".join(f"`{name}`" for name in row.names)
-        if isinstance(row.target, Refused):
-            here = f"refused: {row.target.why}"
-        elif isinstance(row.target, str) and not row.target.startswith("_"):
-            here = f"`--{flag(row.target)}`: {row.help}"
-        else:
-            here = row.help
-        lines.append(f"| {names} | {row.group} | {_cell(here)} |")
-    return lines
+    return FRONT_END.flag_table("Megatron")
 
 
 def key_table() -> list[str]:
     """docs/megatron.md's table of ds.json's `KEYS`."""
-    rows = [f"| `{key}` | {_cell(here)} |" for key, here in KEYS.items()]
+    rows = [f"| `{key}` | {cell(here)} |" for key, here in KEYS.items()]
     return ["| ds.json key | Here: `train_gpt2.py` flag, meaning |", "| --- | --- |", *rows]
 
 

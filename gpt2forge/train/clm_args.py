@@ -1,0 +1,362 @@
+"""Hugging Face run_clm command lines -> TrainConfig: `train_clm.py` takes the flags of transformers'
+`run_clm_no_trainer.py` (and seed 002's K-FAC additions) and runs the one trainer.
+
+`FLAGS` is the whole mapping, one `front_end.Flag` row per run_clm flag: a TrainConfig field, a
+rule, or `Refused` (one line, exit 2). run_clm's defaults are applied first (`CLM_DEFAULTS`: 3
+epochs, learning rate 5e-5, linear decay to 0 without warm-up, 8 sequences per device, no weight
+decay, no clipping), so an omitted flag means what it means there. What the flags become:
+
+- data: `--dataset_name` (a `save_to_disk` folder, a local dataset folder or a name in the local
+  `datasets` cache) or `--train_file`/`--validation_file` -> `--dataset hf` (gpt2forge.data.hf_datasets:
+  run_clm's tokenize + group_texts blocks, the same blocks from the same records); `--block_size`
+  -> `--max-len` (default: the model's positions, at most 1024, as run_clm);
+- model: `--model_name_or_path DIR` (a Hugging Face GPT-2 folder, or a model in the local hub cache)
+  -> `--checkpoint-input-dir` (fine-tuning from its weights, loaded without a second copy: run_clm's
+  `--low_cpu_mem_usage` is how every checkpoint loads here); `--config_name` -> `--model-config`;
+  `--tokenizer_name` -> `--tokenizer-name-or-path`;
+- schedule: `--lr_scheduler_type` linear | cosine | cosine_with_restarts (one cycle: cosine) |
+  polynomial (transformers' power 1 to 1e-7: linear to `--min-lr 1e-7`) | constant (warm-up ignored,
+  as transformers' `get_constant_schedule`) | constant_with_warmup;
+- batch: `--per_device_train_batch_size` x `--gradient_accumulation_steps` x the processes torchrun or
+  `accelerate launch` started (one replica each);
+- output: `--output_dir` receives the final model and tokenizer (`from_pretrained` opens it) and
+  all_results.json; `--checkpointing_steps N|epoch` writes step_N/ or epoch_N/ there;
+  `--resume_from_checkpoint` bare continues from the newest of them, with a path from that checkpoint;
+- `--mixed_precision no|fp16|bf16` (default: `accelerate launch`'s choice, else no);
+- `--with_tracking --report_to tensorboard|wandb|all`: TensorBoard under OUTPUT_DIR/clm_no_trainer
+  (accelerate's place) and/or Weights & Biases.
+After each epoch the run prints run_clm's `epoch N: perplexity: P eval_loss: L`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpt2forge.core import log
+from gpt2forge.core.errors import UsageError
+from gpt2forge.core.flags import str_to_bool
+from gpt2forge.text.tokenizer import HF_FILE, is_gpt2_files
+from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
+from gpt2forge.train.config import TrainConfig
+from gpt2forge.train.front_end import KFAC_FLAGS, Flag, FrontEnd, Refused, accept, switch_to
+
+GROUPS = ("data", "model", "training", "checkpointing and output", "tracking", "K-FAC")
+"""The --help groups."""
+
+SCHEDULERS = {  # run_clm's --lr_scheduler_type -> (--lr-schedule, warm-up used, --min-lr)
+    "linear": ("linear", True, 0.0),
+    "cosine": ("cosine", True, 0.0),
+    "cosine_with_restarts": ("cosine", True, 0.0),  # num_cycles 1 (get_scheduler's): one cosine over the run
+    "polynomial": ("linear", True, 1e-7),  # power 1.0, lr_end 1e-7 (get_scheduler's)
+    "constant": ("constant", False, 0.0),
+    "constant_with_warmup": ("constant", True, 0.0),
+}
+TRACKERS = ("tensorboard", "wandb", "all")
+ACCELERATE_STATE = ("optimizer.bin", "random_states_0.pkl", "scheduler.bin")
+"""Files of an `accelerate save_state` folder (pickles): told apart from this trainer's checkpoints."""
+
+
+def _to(name: str):
+    """A target that keeps the value under a private name for the rules below."""
+    def apply(value, values: dict) -> None:
+        values[name] = value
+    return apply
+
+
+def _model_type(value: str, _values: dict) -> None:
+    if value != "gpt2":
+        raise UsageError(f"--model_type {value}: this trainer builds GPT-2 (model_type gpt2) only")
+
+
+def _bool(text: str) -> bool:
+    try:
+        return str_to_bool(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+F = Flag
+FLAGS: tuple[Flag, ...] = (
+    # data
+    F(("--dataset_name",), "data", _to("_dataset_name"),
+      "`--dataset hf --input-files NAME`: a `datasets` dataset: a save_to_disk folder, a local dataset folder, or a "
+      "name in the local datasets cache"),
+    F(("--dataset_config_name",), "data", "dataset_config_name", "the dataset's configuration"),
+    F(("--train_file",), "data", _to("_train_file"),
+      "`--dataset hf --input-files FILE`: training text: .txt (one record per line), "
+      ".json/.jsonl, .csv"),
+    F(("--validation_file",), "data", _to("_validation_file"),
+      "`--valid-data-path FILE`: validation text, the same formats"),
+    F(("--validation_split_percentage",), "data", "validation_split_percentage",
+      "without a validation split: this percentage of the training records validates", int),
+    F(("--no_keep_linebreaks",), "data", switch_to("keep_linebreaks", False),
+      "`--keep-linebreaks false`: .txt records without their \\n", None),
+    F(("--block_size",), "data", _to("_block_size"),
+      "`--max-len`: tokens per block (default: the model's positions, at most 1024)", int),
+    F(("--preprocessing_num_workers",), "data", "preprocessing_workers", "processes that tokenize (they also decide "
+      "the blocks, as in run_clm)", int),
+    F(("--overwrite_cache",), "data", "overwrite_cache", "tokenize again instead of reusing the cached blocks",
+      _bool, "?", True),
+    F(("--streaming",), "data", Refused("the blocks are tokenized once into a memory-mapped cache, which any corpus "
+                                        "size fits; drop --streaming"), "", None),
+    # model
+    F(("--model_name_or_path",), "model", _to("_model"),
+      "`--checkpoint-input-dir`: a Hugging Face GPT-2 folder (save_pretrained), or a model in the local hub "
+      "cache: start from its weights"),
+    F(("--config_name",), "model", _to("_config"),
+      "`--model-config`: a GPT-2 config.json (or its folder): a new model of that shape"),
+    F(("--tokenizer_name",), "model", _to("_tokenizer"),
+      "`--tokenizer-name-or-path`: a local tokenizer folder (default: the model's, else GPT-2's)"),
+    F(("--model_type",), "model", _model_type, "gpt2 (the model built without --model_name_or_path)"),
+    F(("--use_slow_tokenizer",), "model", accept, "the same ids as the fast tokenizer here", None),
+    F(("--low_cpu_mem_usage",), "model", accept,
+      "always: a checkpoint's model is built on the meta device and takes the file's tensors", None),
+    F(("--trust_remote_code",), "model",
+      Refused("no code from a model folder runs here: GPT-2 is built in; drop --trust_remote_code"), "", _bool, "?",
+      True),
+    # training
+    F(("--per_device_train_batch_size",), "training", "batch_size", "sequences per process per forward/backward", int),
+    F(("--per_device_eval_batch_size",), "training", accept,
+      "validation sequences per batch (the eval loss does not depend on it here)", int),
+    F(("--learning_rate",), "training", "learning_rate", "peak learning rate", float),
+    F(("--weight_decay",), "training", "weight_decay", "decoupled weight decay (matrices and embeddings)", float),
+    F(("--num_train_epochs",), "training", "epochs", "passes over the training blocks", int),
+    F(("--max_train_steps",), "training", "training_steps", "updates to train (overrides the epochs)", int),
+    F(("--gradient_accumulation_steps",), "training", "gradient_accumulation", "micro-batches per update", int),
+    F(("--lr_scheduler_type",), "training", _to("_scheduler"),
+      "`--lr-schedule` (and `--min-lr`): " + " | ".join(SCHEDULERS)),
+    F(("--num_warmup_steps",), "training", _to("_warmup"), "`--lr-warmup-steps`: warm-up updates", int),
+    F(("--seed",), "training", "seed", "seed of weights, dropout and data order", int),
+    F(("--mixed_precision",), "training", _to("_precision"),
+      "`--precision`: no | fp16 | bf16 (default: accelerate launch's)"),
+    # checkpointing and output
+    F(("--output_dir",), "checkpointing and output", _to("_output_dir"),
+      "`--final-model-dir` (and `--checkpoint-output-dir`): the final model, tokenizer and "
+      "all_results.json; the checkpoints"),
+    F(("--checkpointing_steps",), "checkpointing and output", _to("_checkpointing"),
+      "`--save-per-steps N` | `--save-per-epochs 1` (epoch): checkpoints in --output_dir"),
+    F(("--resume_from_checkpoint",), "checkpointing and output", _to("_resume"),
+      "`--checkpoint-input-dir PATH --resume-training-from-checkpoint`; bare: `--auto-resume`, the newest "
+      "checkpoint in --output_dir", str, "?", ""),
+    F(("--push_to_hub", "--hub_model_id", "--hub_token"), "checkpointing and output",
+      Refused("nothing is uploaded from a training run here; push --output_dir with huggingface-cli upload"), "",
+      str, "?", ""),
+    # tracking
+    F(("--with_tracking",), "tracking", switch_to("_tracking"),
+      "`--tensorboard-dir` / `--use-wandb`: log the run to the --report_to trackers", None),
+    F(("--report_to",), "tracking", _to("_report_to"), " | ".join(TRACKERS)),
+    *KFAC_FLAGS,
+)
+
+CLM_DEFAULTS: dict[str, Any] = {
+    "model": "gpt2", "learning_rate": 5e-5, "weight_decay": 0.0, "epochs": 3, "batch_size": 8,
+    "gradient_accumulation": 1, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8, "optimizer": "AdamW",
+    "log_format": "run_clm", "device_iterations": 1, "precision": "fp32",
+}
+"""run_clm_no_trainer.py's defaults (and torch.optim.AdamW's) where they differ from train_gpt2.py's."""
+
+FRONT_END = FrontEnd("train_clm.py", "Hugging Face run_clm_no_trainer.py flags, run by gpt2forge's trainer.", GROUPS,
+                     FLAGS, "; train_clm.py takes run_clm_no_trainer.py's flags listed by --help (docs/run_clm.md has "
+                     "the mapping); train_gpt2.py's own flags go to train_gpt2.py")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return FRONT_END.build_parser()
+
+
+def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, Any]:
+    """run_clm argv -> the flat TrainConfig values (field name -> value) of the same run.
+
+    Raises:
+        UsageError: a refused or unknown flag, a bad value, data or a model that is not there.
+    """
+    flagged, _ = FRONT_END.parse(argv)
+    values: dict[str, Any] = {**CLM_DEFAULTS, **flagged}
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    values["replication_factor"] = world_size  # one replica per process, as accelerate's DDP
+    _data(values)
+    positions = _model(values)
+    _block_size(values, positions)
+    _schedule(values)
+    _precision(values)
+    _output(values)
+    _tracking(values)
+    return values
+
+
+def parse_args(argv: Sequence[str], world_size: int | None = None) -> TrainConfig:
+    return TrainConfig.from_flat(translate(argv, world_size))
+
+
+def _data(values: dict) -> None:
+    name, train, valid = (values.pop(k, None) for k in ("_dataset_name", "_train_file", "_validation_file"))
+    if name is None and train is None:
+        raise UsageError("Need either a dataset name or a training file: pass --dataset_name (a local datasets "
+                         "folder or cached name) or --train_file")
+    values["dataset"] = "hf"
+    if name is not None:
+        if train is not None or valid is not None:
+            log.notice(f"--dataset_name {name} is read; --train_file/--validation_file are ignored (as in run_clm)")
+        values["input_files"] = [name]
+        return
+    for flag_name, path in (("--train_file", train), ("--validation_file", valid)):
+        if path is not None and Path(path).suffix.lower() not in (".txt", ".json", ".jsonl", ".csv"):
+            raise UsageError(f"{flag_name} {path}: should be a .txt, .json, .jsonl or .csv file")
+    values["input_files"] = [train]
+    if valid is not None:
+        values["valid_data_path"] = [valid]
+
+
+def resolve_model_folder(value: str, flag_name: str) -> Path:
+    """A local folder, or a hub id found in the local Hugging Face cache (never downloaded)."""
+    path = Path(value)
+    if path.is_dir():
+        return path
+    if path.is_file() and path.name == "config.json" and flag_name == "--config_name":
+        return path.parent
+    cached = _hub_cache(value)
+    if cached is not None:
+        return cached
+    raise UsageError(f"{flag_name} {value}: no such folder, and not in the local Hugging Face cache (nothing is "
+                     "downloaded at run time); on a machine with internet run `huggingface-cli download "
+                     f"{value} --local-dir DIR` and pass DIR")
+
+
+def _hub_cache(repo_id: str) -> Path | None:
+    if repo_id.count("/") > 1 or repo_id.startswith((".", "/")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download  # lazy: only for hub ids
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 -- not cached, not a valid id, or huggingface_hub missing: all mean "not here"
+        return None
+
+
+def _gpt2_config(folder: Path, flag_name: str) -> dict:
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{flag_name} {folder}: no readable config.json ({type(exc).__name__}); pass a folder "
+                         "written by save_pretrained") from None
+    if config.get("model_type", "gpt2") != "gpt2":
+        raise UsageError(f"{flag_name} {folder}: model_type {config['model_type']!r}; this trainer trains GPT-2 "
+                         "(model_type gpt2), whose nn.Linear layers K-FAC preconditions")
+    return config
+
+
+def _model(values: dict) -> int:
+    """--model_name_or_path / --config_name / --tokenizer_name; returns the model's positions."""
+    model, config, tokenizer = (values.pop(k, None) for k in ("_model", "_config", "_tokenizer"))
+    positions = 1024  # GPT2Config()'s, the model run_clm builds from --model_type gpt2
+    if config is not None:
+        folder = resolve_model_folder(config, "--config_name")
+        positions = _gpt2_config(folder, "--config_name").get("n_positions", positions)
+        values["model_config"] = str(folder / "config.json")
+        values["max_position_embeddings"] = positions  # a new model keeps its config's position table
+    if model is not None:
+        folder = resolve_model_folder(model, "--model_name_or_path")
+        positions = _gpt2_config(folder, "--model_name_or_path").get("n_positions", positions)
+        values["checkpoint_input_dir"] = str(folder)
+        if tokenizer is None and _own_tokenizer(folder):
+            tokenizer = str(folder)
+    if tokenizer is not None:
+        values["tokenizer_name_or_path"] = str(resolve_model_folder(tokenizer, "--tokenizer_name"))
+    return positions
+
+
+def _own_tokenizer(folder: Path) -> bool:
+    """Whether a model folder ships a tokenizer other than GPT-2's (GPT-2's is the default here)."""
+    if (folder / HF_FILE).is_file():
+        return True
+    vocab, merges = folder / VOCAB_FILE, folder / MERGES_FILE
+    return vocab.is_file() and merges.is_file() and not is_gpt2_files(vocab, merges)
+
+
+def _block_size(values: dict, positions: int) -> None:
+    """run_clm: --block_size, at most the model's positions; by default the positions, at most 1024."""
+    block = values.pop("_block_size", None)
+    if block is None:
+        values["max_len"] = min(1024, positions)
+    elif block > positions:
+        log.notice(f"--block_size {block} is larger than the model's {positions} positions; using {positions} "
+                   "(as run_clm)")
+        values["max_len"] = positions
+    else:
+        values["max_len"] = block
+
+
+def _schedule(values: dict) -> None:
+    name = values.pop("_scheduler", "linear")
+    if name not in SCHEDULERS:
+        raise UsageError(f"--lr_scheduler_type {name}: choose one of {', '.join(SCHEDULERS)}")
+    schedule, warms, floor = SCHEDULERS[name]
+    warmup = values.pop("_warmup", 0)
+    if warmup and not warms:
+        log.notice(f"--num_warmup_steps {warmup}: --lr_scheduler_type constant has no warm-up (transformers' "
+                   "get_constant_schedule); use constant_with_warmup")
+    values.update(lr_schedule=schedule, lr_warmup_steps=warmup if warms else 0, min_lr=floor)
+
+
+def _precision(values: dict) -> None:
+    name = values.pop("_precision", None) or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    precisions = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
+    if name not in precisions:
+        raise UsageError(f"--mixed_precision {name}: no, fp16 or bf16 here (fp8 is not available)")
+    values["precision"] = precisions[name]
+    if name == "fp16":  # torch.amp.GradScaler's dynamic scaling, which accelerate uses
+        values.update(auto_loss_scaling=True, initial_loss_scale=2.0 ** 16, loss_scale_window=2000,
+                      loss_scale_hysteresis=1)
+
+
+def _output(values: dict) -> None:
+    out = values.pop("_output_dir", None)
+    every = values.pop("_checkpointing", None)
+    resume = values.pop("_resume", None)
+    if out is not None:
+        values["final_model_dir"] = out
+    root = out or "."  # run_clm saves step_N/ in the working directory without --output_dir
+    if every is not None:
+        values["checkpoint_output_dir"] = root
+        if every == "epoch":
+            values["save_per_epochs"] = 1
+        elif every.isdigit() and int(every) > 0:
+            values.update(save_per_steps=int(every), save_per_epochs=0)
+        else:
+            raise UsageError(f"--checkpointing_steps {every}: a number of updates or 'epoch'")
+    if resume is None:
+        return
+    if resume == "":  # bare: the newest checkpoint of the run's folder, or a new run when there is none
+        values.setdefault("checkpoint_output_dir", root)
+        values.setdefault("save_per_epochs", 0)
+        values["auto_resume"] = True
+        return
+    path = Path(resume)
+    if any((path / f).is_file() for f in ACCELERATE_STATE):
+        raise UsageError(f"--resume_from_checkpoint {resume}: an accelerate save_state folder (pickled optimizer and "
+                         "RNG state, not read here); resume from a step_N/ this trainer wrote, or start from the "
+                         "weights with --model_name_or_path")
+    values.update(checkpoint_input_dir=resume, resume_training_from_checkpoint=True)
+
+
+def _tracking(values: dict) -> None:
+    report = values.pop("_report_to", "all")
+    if not values.pop("_tracking", False):
+        return
+    if report not in TRACKERS:
+        raise UsageError(f"--report_to {report}: tensorboard, wandb or all here")
+    root = values.get("final_model_dir") or "."
+    if report in ("tensorboard", "all"):
+        values["tensorboard_dir"] = str(Path(root) / "clm_no_trainer")  # accelerate's project_dir / run name
+    if report == "wandb" or (report == "all" and _installed("wandb")):
+        values["use_wandb"] = True
+
+
+def _installed(module: str) -> bool:
+    import importlib.util  # lazy, as this is asked once
+    return importlib.util.find_spec(module) is not None

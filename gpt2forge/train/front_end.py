@@ -1,0 +1,183 @@
+"""Other tools' command lines -> TrainConfig: the machinery every foreign front end shares.
+
+A front end (`megatron_args` for Megatron-LM's `pretrain_gpt.py`, `clm_args` for Hugging Face's
+`run_clm_no_trainer.py`) is one table of `Flag` rows: a flag's spellings, its `--help` group, what
+it becomes here and its help line. A row's target is one of
+- a TrainConfig field name: the value is stored there (after the row's type conversion);
+- a function `(value, values) -> None` for what takes more than a rename;
+- `Refused("why")`: the flag exists in the other tool but has no meaning here; giving it stops with
+  one line that names it and says why (exit 2). Nothing is dropped silently.
+`FrontEnd.parse(argv)` returns the flat values the given flags set (and which flag set each field);
+the front end then applies its tool's defaults and cross-flag rules and builds one TrainConfig, run
+by the one trainer. `equivalent_command(values)` is the same run in `train_gpt2.py`'s own flags
+(`--print-equivalent`), which is what the tests compare against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpt2forge.core.errors import UsageError
+from gpt2forge.core.flags import flag
+from gpt2forge.train.config import FIELD_SECTION
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """A flag of the other tool with no meaning here: `why` is the second half of its one-line error."""
+
+    why: str
+
+
+Target = str | Callable[[Any, dict], None] | Refused
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]
+    group: str
+    target: Target
+    help: str
+    type: Callable[[str], Any] | None = str
+    """Converts the value; None: a switch (no value, True when given)."""
+    nargs: str | None = None
+    default: Any = argparse.SUPPRESS
+    """What a bare flag means when `nargs` is "?" (argparse's `const`)."""
+
+
+def switch_to(field_name: str, value: Any = True) -> Callable[[Any, dict], None]:
+    """A target that sets `field_name` to `value` whatever the flag's own value."""
+    def apply(_value, values: dict) -> None:
+        values[field_name] = value
+    return apply
+
+
+def accept(_value, _values: dict) -> None:
+    """The target of flags that ask for what this trainer always does."""
+
+
+KFAC_FLAGS: tuple[Flag, ...] = (
+    Flag(("--kfac",), "K-FAC", switch_to("kfac"), "precondition the blocks' nn.Linear gradients with K-FAC", None),
+    Flag(("--kfac-factor-update-steps",), "K-FAC", "kfac_factor_update_steps", "updates between factor updates", int),
+    Flag(("--kfac-inv-update-steps",), "K-FAC", "kfac_inv_update_steps", "updates between decompositions", int),
+    Flag(("--kfac-damping",), "K-FAC", "kfac_damping", "Tikhonov damping", float),
+    Flag(("--kfac-factor-decay",), "K-FAC", "kfac_factor_decay", "running-average decay of the factors", float),
+    Flag(("--kfac-kl-clip",), "K-FAC", "kfac_kl_clip", "KL clipping bound (0: off)", float),
+    Flag(("--kfac-skip-layers",), "K-FAC", "kfac_skip_layers", "regular expressions of layers left alone", str, "+"),
+    Flag(("--kfac-compute-method",), "K-FAC", "kfac_compute_method", "eigen | inverse"),
+)
+"""K-FAC (docs/training.md#k-fac): gpt2forge's own flags, spelt the same in every front end."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontEnd:
+    prog: str
+    description: str
+    groups: tuple[str, ...]
+    """The --help groups, in the other tool's order."""
+    flags: tuple[Flag, ...]
+    unknown_hint: str
+    """Appended to argparse's "unrecognized arguments" message: where the mapping is documented."""
+
+    def build_parser(self) -> argparse.ArgumentParser:
+        """The flags in their groups; defaults SUPPRESSed, so only given flags appear."""
+        parser = _Parser(prog=self.prog, argument_default=argparse.SUPPRESS, description=self.description)
+        parser.unknown_hint = self.unknown_hint
+        parser.add_argument("--print-equivalent", action="store_true",
+                            help="print the same run as a train_gpt2.py command line, then exit")
+        groups = {name: parser.add_argument_group(name) for name in self.groups}
+        for i, row in enumerate(self.flags):
+            kw: dict[str, Any] = {"dest": f"flag{i}", "help": _help(row)}
+            if row.type is None:
+                kw.update(action="store_const", const=True)
+            else:
+                kw.update(type=row.type, metavar=row.names[0].lstrip("-").replace("-", "_").upper())
+                if row.nargs:
+                    kw["nargs"] = row.nargs
+                if row.nargs == "?":
+                    kw["const"] = row.default
+            groups[row.group].add_argument(*row.names, **kw)
+        return parser
+
+    def flag_table(self, tool: str) -> list[str]:
+        """The Markdown table of the flags for the docs, one line per row ("refused" rows with their reason)."""
+        lines = [f"| {tool} flag | Group | Here: `train_gpt2.py` flag, meaning |", "| --- | --- | --- |"]
+        for row in self.flags:
+            names = ", ".join(f"`{name}`" for name in row.names)
+            if isinstance(row.target, Refused):
+                here = f"refused: {row.target.why}"
+            elif isinstance(row.target, str) and not row.target.startswith("_"):
+                here = f"`--{flag(row.target)}`: {row.help}"
+            else:
+                here = row.help
+            lines.append(f"| {names} | {row.group} | {cell(here)} |")
+        return lines
+
+    def parse(self, argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
+        """(field -> value of the given flags, field -> the flag that set it).
+
+        Raises:
+            UsageError: a refused flag, an unknown flag or a bad value (one line).
+        """
+        given = vars(self.build_parser().parse_args(list(argv)))
+        given.pop("print_equivalent", None)
+        flagged: dict[str, Any] = {}
+        set_by: dict[str, str] = {}
+        for key, value in given.items():
+            row = self.flags[int(key.removeprefix("flag"))]
+            if isinstance(row.target, Refused):
+                raise UsageError(f"{row.names[0]}: {row.target.why}")
+            before = dict(flagged)
+            if isinstance(row.target, str):
+                flagged[row.target] = value
+            else:
+                row.target(value, flagged)
+            set_by.update({name: row.names[0] for name in flagged
+                           if name not in before or flagged[name] != before[name]})
+        return flagged, set_by
+
+
+class _Parser(argparse.ArgumentParser):
+    unknown_hint = ""
+
+    def error(self, message: str):  # argparse's own message, as one line with the fix
+        if "unrecognized arguments" in message:
+            message += self.unknown_hint
+        raise UsageError(message)
+
+
+def cell(text: str) -> str:
+    """`text` inside a Markdown table cell."""
+    return text.replace("|", "\\|")
+
+
+def _help(row: Flag) -> str:
+    if isinstance(row.target, Refused):
+        return f"refused here: {row.target.why}"
+    if isinstance(row.target, str) and not row.target.startswith("_"):
+        return f"{row.help} (train_gpt2.py --{flag(row.target)})"
+    return row.help
+
+
+def equivalent_command(values: dict[str, Any]) -> list[str]:
+    """`train_gpt2.py` arguments of the run `values` describes (one flag per field)."""
+    out = []
+    for name, value in values.items():
+        if name not in FIELD_SECTION:
+            continue
+        out.append(f"--{flag(name)}")
+        if isinstance(value, list):
+            out += [str(v) for v in value]
+        elif isinstance(value, bool):
+            out.append(str(value).lower())
+        else:
+            out.append(str(value))
+    return out
+
+
+def wants_equivalent(argv: Sequence[str]) -> bool:
+    """Whether argv asks for `--print-equivalent` (print the train_gpt2.py line instead of training)."""
+    return "--print-equivalent" in argv
