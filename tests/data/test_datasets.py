@@ -304,4 +304,4 @@ def test_missing_empty_garbage_files(tmp_path):
 def test_unknown_dataset_lists_choices():
     with pytest.raises(UsageError, match="--dataset nope is unknown; choose one of generated, pickle"):
         load_datasets(DataRequest("nope", (), max_len=8, vocab_size=VOCAB, seed=0))
-    assert set(DATASETS) == {"generated", "pickle", "mmap", "tfrecord", "jsonl", "text"}
+    assert set(DATASETS) == {"generated", "pickle", "mmap", "tfrecord", "jsonl", "text", "hf"}
