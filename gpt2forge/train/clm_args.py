@@ -217,8 +217,6 @@ def resolve_model_folder(value: str, flag_name: str) -> Path:
     path = Path(value)
     if path.is_dir():
         return path
-    if path.is_file() and path.name == "config.json" and flag_name == "--config_name":
-        return path.parent
     cached = _hub_cache(value)
     if cached is not None:
         return cached
@@ -237,15 +235,17 @@ def _hub_cache(repo_id: str) -> Path | None:
         return None
 
 
-def _gpt2_config(folder: Path, flag_name: str) -> dict:
-    path = folder / "config.json"
+def _gpt2_config(path: Path, flag_name: str) -> dict:
+    """A GPT-2 config.json's content (UsageError, one line, for anything else)."""
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{flag_name} {folder}: no readable config.json ({type(exc).__name__}); pass a folder "
+        raise UsageError(f"{flag_name} {path}: not a readable config.json ({type(exc).__name__}); pass a folder "
                          "written by save_pretrained") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{flag_name} {path}: not a model config (a JSON object)")
     if config.get("model_type", "gpt2") != "gpt2":
-        raise UsageError(f"{flag_name} {folder}: model_type {config['model_type']!r}; this trainer trains GPT-2 "
+        raise UsageError(f"{flag_name} {path}: model_type {config['model_type']!r}; this trainer trains GPT-2 "
                          "(model_type gpt2), whose nn.Linear layers K-FAC preconditions")
     return config
 
@@ -255,13 +255,13 @@ def _model(values: dict) -> int:
     model, config, tokenizer = (values.pop(k, None) for k in ("_model", "_config", "_tokenizer"))
     positions = 1024  # GPT2Config()'s, the model run_clm builds from --model_type gpt2
     if config is not None:
-        folder = resolve_model_folder(config, "--config_name")
-        positions = _gpt2_config(folder, "--config_name").get("n_positions", positions)
-        values["model_config"] = str(folder / "config.json")
+        path = Path(config) if Path(config).is_file() else resolve_model_folder(config, "--config_name") / "config.json"
+        positions = _gpt2_config(path, "--config_name").get("n_positions", positions)
+        values["model_config"] = str(path)
         values["max_position_embeddings"] = positions  # a new model keeps its config's position table
     if model is not None:
         folder = resolve_model_folder(model, "--model_name_or_path")
-        positions = _gpt2_config(folder, "--model_name_or_path").get("n_positions", positions)
+        positions = _gpt2_config(folder / "config.json", "--model_name_or_path").get("n_positions", positions)
         values["checkpoint_input_dir"] = str(folder)
         if tokenizer is None and _own_tokenizer(folder):
             tokenizer = str(folder)

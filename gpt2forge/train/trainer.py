@@ -364,7 +364,8 @@ def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch:
                           "loss": loss, "acc": acc, "lr": lr, "grad_norm": run.grad_norm,
                           "loss_scale": run.scaler.scale, "samples_per_sec": samples_s,
                           "tokens_per_sec": tokens_s, "tokens_per_sec_per_process": tokens_s / run.dist_env.world_size,
-                          "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct})
+                          "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct,
+                          "step_seconds": step_s})
             every = cfg.eval.eval_every_steps
             stop = None if last else agreed_signal(run.device)  # an exit signal on any rank (a collective)
             eval_now = not stop and (epoch_done or last or bool(every and progress.step % every == 0))

@@ -173,7 +173,7 @@ def test_other_models_and_accelerate_state_are_refused(tmp_path, clm_files):
     neo = tmp_path / "gpt-neo"
     neo.mkdir()
     (neo / "config.json").write_text(json.dumps({"model_type": "gpt_neo"}))
-    with pytest.raises(UsageError, match="model_type 'gpt_neo'"):
+    with pytest.raises(UsageError, match="gpt-neo/config.json: model_type 'gpt_neo'"):
         translate(["--train_file", str(clm_files["train"]), "--model_name_or_path", str(neo)], world_size=1)
     saved = tmp_path / "step_100"
     saved.mkdir()
@@ -252,3 +252,25 @@ def test_docs_show_every_flag():
     text = (REPO / "docs" / "run_clm.md").read_text()
     missing = [line for line in FRONT_END.flag_table("run_clm") if line not in text]
     assert not missing, "docs/run_clm.md is behind; paste:\n" + "\n".join(FRONT_END.flag_table("run_clm"))
+
+
+@pytest.mark.slow
+def test_seed_002_wikitext_job_on_a_local_datasets_copy(eval_data, clm_files, tmp_path, capsys):
+    """docs/run_clm.md's worked example: the WikiText test articles saved as a local `datasets`
+    dataset, seed 002's OPTIONS as written but for the model (the tiny one), the run's length and the
+    precision (this CPU emulates fp16 matmuls)."""
+    from gpt2forge.cli import clm_main
+
+    raw = datasets.load_dataset("text", data_files={"train": str(eval_data / "wikitext" / "wiki.test.raw")},
+                                keep_linebreaks=True, cache_dir=str(tmp_path / "hf-cache"))
+    raw.save_to_disk(str(tmp_path / "wikitext"))
+    options = shlex_split(f"""--low_cpu_mem_usage --dataset_name {tmp_path / 'wikitext'}
+        --model_name_or_path {clm_files['model']} --output_dir {tmp_path / 'run'} --checkpointing_steps 1000
+        --resume_from_checkpoint --max_train_steps 10000 --per_device_train_batch_size 1
+        --per_device_eval_batch_size 1 --gradient_accumulation_steps 8 --mixed_precision fp16
+        --kfac --kfac-factor-update-steps 5 --kfac-inv-update-steps 50""")
+    assert clm_main([*options, "--max_train_steps", "2", "--mixed_precision", "no"]) == 0
+    text = capsys.readouterr().out
+    assert "train 4140 records" in text and "validation 218 records" in text  # 5% of 4,358 lines validate
+    _eval_line(text)
+    assert (tmp_path / "run" / "model.safetensors").is_file() and (tmp_path / "run" / "step_2").is_dir()
