@@ -1,6 +1,8 @@
 """Pipeline stages (`--layers-per-ipu`) in their own processes, on torch.distributed.pipelining.
 
-Process grid: global rank = replica * stages + stage, so a replica's stages are neighbouring ranks
+Process grid: one device mesh ("dp", "pp", "tp") of replicas x stages x tensor-parallel ranks,
+`tp` innermost: global rank = (replica * stages + stage) * tp + tp rank (without tensor
+parallelism, replica * stages + stage), so a replica's stages are neighbouring ranks (groups of tp)
 and each stage's replicas form a data-parallel group: after the schedule's backward their gradients
 are averaged in one flat all-reduce per stage (DDP's reducer does not support GPipe's
 all-forwards-then-all-backwards order under no_sync). A stage is the model with what it does not
@@ -16,6 +18,12 @@ model and gathers the other stages' weights into it before sampling, zero-shot e
 saving, so those run unchanged on one whole model. Validation runs through the pipeline itself
 (the schedule's forward-only pass).
 
+Tensor parallelism inside the stages (`--tensor-model-parallel-size N`): each stage is split over
+its N ranks (tensor_parallel.parallelize_stage; embedding and head copy by vocabulary rows), tp rank
+t of stage s exchanges activations with tp rank t of stages s +- 1 (hidden states (B, T, C), or with
+`--sequence-parallel` their sequence shard (B, T / N, C)), the tied sum pairs the same vocabulary
+shards, and the whole-model views gather each stage's shards before sending them to rank 0.
+
 ZeRO-2/3 inside the stages (`--zero-stage 2|3` with replicas): each stage is sharded with FSDP2
 across its replicas (every block one unit, the stage the root), the schedule runs FSDP's
 reduce-scatter once per update, and the tied-embedding sum and the gradient norm work on the local
@@ -25,6 +33,7 @@ part of the whole model, so the whole model stays plain for evaluation and savin
 
 from __future__ import annotations
 
+import contextlib
 import copy as copy_module
 import dataclasses
 
@@ -44,6 +53,14 @@ from gpt2forge.parallel.optimizer_state import (
     to_indexed,
     to_named,
 )
+from gpt2forge.parallel.tensor_parallel import (
+    TensorParallelRNG,
+    lay_out_gradients_as_parameters,
+    loss_parallel,
+    parallelize_stage,
+    shard_like,
+    whole_value,
+)
 from gpt2forge.parallel.topology import Layout
 
 HEAD_COPY = "head.weight"
@@ -55,19 +72,28 @@ WHOLE_HEAD = "lm_head.weight"
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
-    """This process's place in the (replicas x stages) process grid."""
+    """This process's place in the (replicas x stages x tensor-parallel ranks) process grid."""
 
     stages: int
     replicas: int
     rank: int
+    tensor_parallel: int = 1
 
     @property
     def stage(self) -> int:
-        return self.rank % self.stages
+        return self.rank // self.tensor_parallel % self.stages
 
     @property
     def replica(self) -> int:
-        return self.rank // self.stages
+        return self.rank // (self.tensor_parallel * self.stages)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tensor_parallel
+
+    def rank_of(self, stage: int, replica: int = 0, tp_rank: int = 0) -> int:
+        """The global rank of a place in the grid."""
+        return (replica * self.stages + stage) * self.tensor_parallel + tp_rank
 
     @property
     def first(self) -> bool:
@@ -140,24 +166,33 @@ class Pipeline:
                  param_dtype: torch.dtype | None = None):
         """zero 2|3: FSDP2 inside each stage across its replicas (`offload`, `param_dtype`: see
         distributed.fsdp_options)."""
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.grid, self.layout, self.model = grid, layout, model
+        S, R, T = grid.stages, grid.replicas, grid.tensor_parallel
+        self.mesh = init_device_mesh(device.type, (R, S, T), mesh_dim_names=("dp", "pp", "tp"))
         # Every rank creates every group, in the same order (a torch.distributed rule).
-        S, R = grid.stages, grid.replicas
-        pp_groups = [dist.new_group(list(range(r * S, (r + 1) * S))) for r in range(R)]
-        dp_groups = [dist.new_group(list(range(s, S * R, S))) for s in range(S)] if R > 1 else [None] * S
-        tie_groups = [dist.new_group([r * S, r * S + S - 1]) for r in range(R)]
-        self.tie_group = tie_groups[grid.replica]
-        self.pp_group = pp_groups[grid.replica]
+        tie_groups = [dist.new_group([grid.rank_of(0, r, t), grid.rank_of(S - 1, r, t)]) for r in range(R)
+                      for t in range(T)]
+        self.tie_group = tie_groups[grid.replica * T + grid.tp_rank]
+        self.pp_group = self.mesh.get_group("pp")  # this replica's stages at this tp rank
+        self.dp_group = self.mesh.get_group("dp") if R > 1 else None  # this stage's replicas at this tp rank
         self.stage_of_layer = layout.stage_of_layer()
         blocks = [i for i, s in enumerate(self.stage_of_layer) if s == grid.stage]
-        self.dp_group = dp_groups[grid.stage]
         self.fsdp = zero >= 2 and R > 1
         # Rank 0's whole model stays plain (unsharded, eager) for evaluation and saving: its stage is
         # a copy when sharded or compiled, and gather_weights copies the stage's weights back.
-        self.copied = grid.rank == 0 and (self.fsdp or compiled)
+        self.copied = grid.rank == 0 and (self.fsdp or compiled or T > 1)
         self.module = stage_model(model, blocks, grid.first, grid.last, copy=self.copied).to(device)
+        self.aliases = {HEAD_COPY: WTE} if grid.last and not grid.first else {}
+        self.orders: dict[str, torch.Tensor] = {}
+        """Whole-model name -> the row order that undoes tensor parallelism's c_attn order."""
+        if T > 1:
+            unorder = parallelize_stage(self.module, self.mesh["tp"], layout.sequence_parallel)
+            self.orders = {self.aliases.get(n, n): unorder[id(p)] for n, p in self.module.named_parameters()
+                           if id(p) in unorder}
+            self.rng = TensorParallelRNG(self.module, self.mesh["tp"], device, layout.sequence_parallel)
         if compiled:
             # torch.compile per block, as torchtitan does for pipeline stages: the blocks share one
             # graph, and compiling in place keeps the module tree (names, state dicts) untouched.
@@ -173,7 +208,6 @@ class Pipeline:
         # scale_grads=False: the loss is already divided by the global token count.
         self.schedule = cls(stage, micro_batches, loss_fn=self.loss, scale_grads=False)
         self.micro_batches = micro_batches
-        self.aliases = {HEAD_COPY: WTE} if grid.last and not grid.first else {}
 
     def _release_other_stages(self, blocks: list[int]) -> None:
         """Free the weights this rank never uses (shapes stay, for the optimizer state's names)."""
@@ -188,10 +222,9 @@ class Pipeline:
         self.model.lm_head.weight = t.wte.weight  # re-tie: moving made a new parameter
 
     def _shard(self, device: torch.device, zero: int, offload: bool, param_dtype: torch.dtype | None) -> None:
-        from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import fully_shard
 
-        options = fsdp_options(DeviceMesh.from_group(self.dp_group, device.type), zero, offload, param_dtype)
+        options = fsdp_options(self.mesh["dp"], zero, offload, param_dtype)
         for block in self.module.transformer.h.values():
             fully_shard(block, **options)
         if self.grid.last:
@@ -212,6 +245,8 @@ class Pipeline:
         go to every stage's forward, split alike. Returns (3,) loss sum, correct, tokens (non-zero on
         the last stage only)."""
         totals = self._run(self.schedule.step, x, y, scale, ids)
+        if self.grid.tensor_parallel > 1:
+            lay_out_gradients_as_parameters(self.parameters())
         self._average_replicas()
         self._sum_tied_gradients()
         return totals
@@ -227,20 +262,24 @@ class Pipeline:
         every stage takes `ids` as keyword arguments (every rank holds the replica's whole batch)."""
         self.loss.scale = scale
         self.loss.records = []
-        if self.grid.first:
-            schedule_call(x, **ids)
-        elif self.grid.last:
-            schedule_call(target=y, **ids)
-        else:
-            schedule_call(**ids)
+        # Tensor parallelism: the last stage's cross-entropy on vocabulary-sharded logits, both ways.
+        with loss_parallel() if self.grid.tensor_parallel > 1 else contextlib.nullcontext():
+            if self.grid.first:
+                schedule_call(x, **ids)
+            elif self.grid.last:
+                schedule_call(target=y, **ids)
+            else:
+                schedule_call(**ids)
         # The first step's shape inference also calls the loss (on placeholder data): keep the real calls.
         real = self.loss.records[-self.micro_batches:]
-        return torch.stack(real).sum(0) if real else torch.zeros(3, device=x.device)
+        if not real or self.grid.tp_rank != 0:  # a last stage's tp ranks hold the same loss: one reports it
+            return torch.zeros(3, device=x.device)
+        return torch.stack(real).sum(0)
 
     def _average_replicas(self) -> None:
         if self.grid.replicas == 1 or self.fsdp:  # FSDP2's reduce-scatter averaged them
             return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        grads = [local_tensor(p.grad) for p in self.parameters() if p.grad is not None]
         if not grads:
             return
         flat = torch._utils._flatten_dense_tensors(grads)
@@ -262,7 +301,8 @@ class Pipeline:
         """Print every stage's measured peak memory (of a step) on rank 0; a collective of all ranks."""
         peaks: list = [None] * dist.get_world_size()
         dist.all_gather_object(peaks, peak_gib)
-        log.info("Stage peak memory: " + ", ".join(f"stage {s} {peaks[s]:.2f} GiB" for s in range(self.grid.stages)))
+        log.info("Stage peak memory: " + ", ".join(f"stage {s} {peaks[self.grid.rank_of(s)]:.2f} GiB"
+                                                   for s in range(self.grid.stages)))
 
     # -- whole-model views on rank 0 ---------------------------------------------------------------
     def owner(self, name: str) -> int:
@@ -275,7 +315,8 @@ class Pipeline:
 
     def gather_weights(self) -> None:
         """Copy every stage's current weights of replica 0 into rank 0's whole model (a collective of
-        replica 0's stages, and of every replica when the stages are sharded)."""
+        replica 0's stages, and of every replica when the stages are sharded; tensor-parallel shards
+        are gathered in their stage, whose tp rank 0 sends)."""
         if self.grid.replica != 0 and not self.fsdp:
             return
         with torch.no_grad():
@@ -283,15 +324,15 @@ class Pipeline:
                 if name == WHOLE_HEAD:
                     continue  # the whole model's head is its embedding
                 src = self.owner(name)
-                if self.grid.stage == src:
-                    full = full_tensor(self.module.get_parameter(name))  # the stage's names are the model's
-                    if self.grid.replica == 0 and src != 0:
+                if self.grid.stage == src:  # the stage's names are the model's
+                    full = whole_value(self.module.get_parameter(name), self.orders.get(name))
+                    if self.grid.replica == 0 and self.grid.tp_rank == 0 and src != 0:
                         dist.send(full.contiguous(), dst=0)
                     elif self.copied:
                         tensor.copy_(full)
                 elif self.grid.rank == 0:
                     buf = torch.empty_like(tensor)
-                    dist.recv(buf, src=src)
+                    dist.recv(buf, src=self.grid.rank_of(src))
                     tensor.copy_(buf)
             self._check_tied_copies()
 
@@ -302,12 +343,12 @@ class Pipeline:
             return
         if self.grid.last:
             head = full_tensor(self.module.head.weight.detach())
-            if self.grid.replica == 0:
+            if self.grid.replica == 0 and self.grid.tp_rank == 0:
                 dist.send(head.contiguous(), dst=0)
         elif self.grid.rank == 0:
             wte = self.model.transformer.wte.weight.detach()
             head = torch.empty_like(wte)
-            dist.recv(head, src=self.grid.stages - 1)
+            dist.recv(head, src=self.grid.rank_of(self.grid.stages - 1))
             if not torch.equal(head, wte):
                 raise RuntimeError(f"pipeline: the last stage's LM head differs from stage 0's embedding "
                                    f"(max |diff| {float((head - wte).abs().max()):.3g}); the tied copies diverged")
@@ -325,8 +366,12 @@ class Pipeline:
             part = to_cpu(_renamed(named, self.aliases))
         if self.grid.replica != 0:
             return None
-        if not self.fsdp:
-            part = to_cpu(named_state(optimizer, self.module, self.aliases))
+        if not self.fsdp:  # tensor-parallel shards gathered whole in their stage (a collective of its tp ranks)
+            named = named_state(optimizer, self.module, self.aliases)
+            part = to_cpu({**named, "state": {n: {k: whole_value(v, self.orders.get(n)) for k, v in s.items()}
+                                              for n, s in named["state"].items()}})
+        if self.grid.tp_rank != 0:
+            return None
         parts = [None] * self.grid.stages if self.grid.first else None
         dist.gather_object(part, parts, dst=0, group=self.pp_group)
         if not self.grid.first:
@@ -336,18 +381,10 @@ class Pipeline:
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, indexed: dict) -> None:
         """Load a whole-model indexed optimizer state (any layout's checkpoint) into this stage's optimizer."""
         named = to_named(indexed, model_group_names(self.model))
-        if self.fsdp:  # every rank holds the whole state: each keeps its parameters' shards of it
-            from torch.distributed.tensor import DTensor, distribute_tensor
-
+        if self.fsdp or self.grid.tensor_parallel > 1:  # every rank holds the whole state: it keeps its shards
             params = {self.aliases.get(n, n): p for n, p in self.module.named_parameters()}
-
-            def shard(value, p):
-                if not (isinstance(p, DTensor) and torch.is_tensor(value) and value.dim() > 0):
-                    return value
-                return distribute_tensor(value.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
-
-            named = {**named, "state": {m: {k: shard(v, params[m]) for k, v in entry.items()} if m in params else entry
-                                        for m, entry in named["state"].items()}}
+            named = {**named, "state": {m: {k: shard_like(params[m], v, self.orders.get(m)) for k, v in entry.items()}
+                                        if m in params else entry for m, entry in named["state"].items()}}
         load_named_state(optimizer, self.module, named, self.aliases)
 
 
@@ -355,26 +392,3 @@ def _renamed(named: dict, aliases: dict[str, str]) -> dict:
     """A named optimizer state with stage names replaced by the whole model's."""
     return {"state": {aliases.get(n, n): v for n, v in named["state"].items()},
             "param_groups": [{**g, "params": [aliases.get(n, n) for n in g["params"]]} for g in named["param_groups"]]}
-
-
-def clip_grad_norm(params: list[nn.Parameter], norm_params: list[nn.Parameter], max_norm: float | None,
-                   replicas: int) -> float:
-    """The global gradient norm over all stages, clipped to `max_norm` unless it is None: each
-    stage's squared norm summed over the world (replicas hold equal gradients after their
-    all-reduce, so the sum counts each stage `replicas` times; pass 1 when FSDP2 shards them)."""
-    grads = [local_tensor(p.grad) for p in norm_params if p.grad is not None]
-    device = local_tensor(params[0]).device
-    sq = torch.stack([g.float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros((), device=device)
-    dist.all_reduce(sq)
-    total = float((sq / replicas).sqrt())
-    coef = max_norm / (total + 1e-6) if max_norm is not None else 1.0
-    if coef < 1.0:
-        torch._foreach_mul_([local_tensor(p.grad) for p in params if p.grad is not None], coef)
-    return total
-
-
-def all_finite(finite: bool, device: torch.device) -> bool:
-    """True when every rank's gradients were finite (fp16 loss scaling must skip everywhere or nowhere)."""
-    flag = torch.tensor([0.0 if finite else 1.0], device=device)
-    dist.all_reduce(flag)
-    return bool(flag.item() == 0)

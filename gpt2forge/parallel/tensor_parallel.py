@@ -18,6 +18,12 @@ attention then runs n_head / N heads.
 Data parallelism: replicas x N processes on one 2-D mesh ("dp", "tp"), `tp` innermost (rank =
 replica x N + tp rank); the replicas average their gradients with one flat all-reduce per update.
 Dropout follows Megatron's model-parallel random-number tracker: see `TensorParallelRNG`.
+
+Pipeline stages in their own processes compose with it (`--layers-per-ipu` with stages x N x
+replicas processes): gpt2forge.parallel.pipeline shards each stage over its tensor-parallel group
+with `parallelize_stage` (the same plan, on the parts the stage holds; the last stage's LM-head
+copy split by vocabulary rows and scored by `VocabParallelHead`); the `TensorParallel` strategy
+here runs the layouts whose stages are co-located.
 """
 
 from __future__ import annotations
@@ -61,19 +67,12 @@ class TensorParallel(Strategy):
 
     @classmethod
     def applies(cls, request: ParallelRequest) -> bool:
-        return request.layout is not None and request.layout.tensor_parallel > 1
+        return request.layout is not None and request.layout.tensor_parallel > 1 and not request.layout.pipelined
 
     def __init__(self, model: GPT2LMHeadModel, request: ParallelRequest):
-        layout, env, cfg = request.layout, request.env, model.config
+        layout, env = request.layout, request.env
         tp, dp = layout.tensor_parallel, layout.data_parallel
-        check_tensor_parallel(tp, cfg.n_head, cfg.padded_vocab_size, env.world_size)
-        if request.zero or request.offload:
-            raise UsageError(f"--tensor-model-parallel-size {tp} runs without ZeRO and offload for now; drop "
-                             "--zero-stage / --replicated-tensor-sharding / --offload")
-        if compile_enabled(request.compile_mode, request.device, request.compile_cache):
-            log.notice("--torch-compile: tensor-parallel blocks run eager (not compiled yet)")
-        if model.fused_loss is not None:
-            log.notice("tensor parallelism: the vocabulary-parallel loss replaces the fused LM-head loss")
+        check_request(model, request)
         self.model, self.env, self.device, self.batch_size = model, env, request.device, request.batch_size
         mesh = init_device_mesh(request.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
         self.tp_mesh = mesh["tp"]
@@ -171,21 +170,52 @@ class TensorParallel(Strategy):
         return whole_model_from(state, self.model.config).to(self.device) if self.env.is_main else None
 
     def _whole(self, param: torch.Tensor | None, value):
-        """`value` (a parameter or its optimizer state) gathered whole, in the model's own row order."""
-        if not isinstance(value, DTensor):
-            return value
-        whole = value.full_tensor()
-        order = self.unorder.get(id(param))
-        return whole if order is None else whole[order]
+        return whole_value(value, self.unorder.get(id(param)))
 
     def _shard(self, param: nn.Parameter, value):
-        """A whole-model optimizer state tensor of `param` as this rank's DTensor shard of it."""
-        if not (isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.shape == param.shape):
-            return value
-        order = self.unorder.get(id(param))
-        value = value if order is None else value[torch.argsort(order)]
-        return distribute_tensor(value.to(param.device_mesh.device_type), param.device_mesh, param.placements,
-                                 src_data_rank=None)
+        return shard_like(param, value, self.unorder.get(id(param)))
+
+
+def check_request(model: GPT2LMHeadModel, request: ParallelRequest) -> None:
+    """UsageError (one line) for a tensor-parallel layout this code does not run; notices for the
+    features it replaces (compilation, the fused loss). Shared by co-located and pipelined stages."""
+    tp = request.layout.tensor_parallel
+    check_tensor_parallel(tp, model.config.n_head, model.config.padded_vocab_size, request.env.world_size)
+    if request.zero or request.offload:
+        raise UsageError(f"--tensor-model-parallel-size {tp} runs without ZeRO and offload for now; drop "
+                         "--zero-stage / --replicated-tensor-sharding / --offload")
+    if compile_enabled(request.compile_mode, request.device, request.compile_cache):
+        log.notice("--torch-compile: tensor-parallel blocks run eager (not compiled yet)")
+    if model.fused_loss is not None:
+        log.notice("tensor parallelism: the vocabulary-parallel loss replaces the fused LM-head loss")
+
+
+def whole_value(value, order: torch.Tensor | None = None):
+    """`value` (a parameter or its optimizer state) gathered whole when it is a DTensor (a collective
+    of its mesh), its rows put back in the model's own order by `order` (see `head_order`)."""
+    if not isinstance(value, DTensor):
+        return value
+    whole = value.full_tensor()
+    return whole if order is None else whole[order]
+
+
+def shard_like(param: torch.Tensor, value, order: torch.Tensor | None = None):
+    """A whole-model tensor shaped like `param` (its optimizer state) as this rank's shard of it,
+    laid out as the DTensor `param` is (tensor-parallel or FSDP2), rows in rank order (`order` as in
+    `whole_value`); anything else (a plain parameter's state, a step count) as it is."""
+    if not (isinstance(param, DTensor) and isinstance(value, torch.Tensor) and value.shape == param.shape):
+        return value
+    value = value if order is None else value[torch.argsort(order)]
+    return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+
+
+def lay_out_gradients_as_parameters(params: list[nn.Parameter]) -> None:
+    """A DTensor gradient may leave backward laid out unlike its parameter (a pipeline stage's
+    sharded embedding's comes out replicated): this rank's shard of it (a local slice), so that
+    averages, the tied-embedding sum and the update pair the same shards."""
+    for p in params:
+        if p.grad is not None and p.grad.placements != p.placements:
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
 
 
 def vocab_parallel_loss(hidden: torch.Tensor, weight: DTensor, labels: torch.Tensor, vocab_size: int,
@@ -256,17 +286,17 @@ class ReplicateParallel(ParallelStyle):
 
 def parallelize(model: GPT2LMHeadModel, mesh: DeviceMesh, sequence_parallel: bool) -> dict[int, torch.Tensor]:
     """Shard `model` in place over the tensor-parallel `mesh` (see the module docstring); every
-    parameter becomes a DTensor. Returns {id(parameter): the row order that undoes `head_order`}
-    for the reordered c_attn weights and biases."""
-    tp, cfg = mesh.size(), model.config
+    parameter becomes a DTensor. Parts the model lacks (a pipeline stage's) are skipped. Returns
+    {id(parameter): the row order that undoes `head_order`} for the reordered c_attn weights and
+    biases."""
+    tp, cfg, t = mesh.size(), model.config, model.transformer
     order = head_order(cfg.n_embd, tp)
     unorder = {}
     seq = Shard(1) if sequence_parallel else Replicate()
     norm = SequenceParallel() if sequence_parallel else ReplicateParallel()
-    parallelize_module(model.transformer, mesh, {
-        "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-        "wpe": ReplicateParallel(sequence_sharded=sequence_parallel),
-        "ln_f": norm})
+    outer = {"wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+             "wpe": ReplicateParallel(sequence_sharded=sequence_parallel), "ln_f": norm}
+    parallelize_module(t, mesh, {name: style for name, style in outer.items() if getattr(t, name) is not None})
     for block in model.transformer.h.values():
         with torch.no_grad():
             for p in block.attn.c_attn.parameters():
@@ -280,8 +310,39 @@ def parallelize(model: GPT2LMHeadModel, mesh: DeviceMesh, sequence_parallel: boo
             plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, mesh, plan)
         unorder.update({id(p): torch.argsort(order) for p in block.attn.c_attn.parameters()})
-    model.lm_head.weight = model.transformer.wte.weight  # re-tied: the head is the embedding's shard
+    if model.lm_head is not None:
+        model.lm_head.weight = model.transformer.wte.weight  # re-tied: the head is the embedding's shard
     return unorder
+
+
+def parallelize_stage(stage: GPT2LMHeadModel, mesh: DeviceMesh, sequence_parallel: bool) -> dict[int, torch.Tensor]:
+    """`parallelize` for a pipeline stage (gpt2forge.parallel.pipeline.stage_model): its parts
+    sharded as in the whole model; the last stage's LM head (`stage.head`) split by vocabulary rows
+    like the embedding (its copy of it, or the embedding itself when the stage holds both) and
+    scored by `VocabParallelHead`. Returns what `parallelize` returns."""
+    unorder = parallelize(stage, mesh, sequence_parallel)
+    if getattr(stage, "head", None) is not None:
+        wte = stage.transformer.wte
+        weight = wte.weight if wte is not None else \
+            nn.Parameter(distribute_tensor(stage.head.weight.detach(), mesh, [Shard(0)]))
+        stage.head = VocabParallelHead(weight, mesh)
+    return unorder
+
+
+class VocabParallelHead(nn.Module):
+    """A pipeline's last-stage LM head and loss on vocabulary-sharded logits (the interface of
+    pipeline.TiedHead; call under loss_parallel)."""
+
+    def __init__(self, weight: nn.Parameter, mesh: DeviceMesh):
+        super().__init__()
+        self.weight, self.mesh = weight, mesh
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor, vocab: int, chunking=None
+                ) -> tuple[torch.Tensor, ...]:
+        """hidden (B, T, C) (plain, or this rank's sequence shard as a DTensor), labels (B, T) ->
+        (loss sum, for backward; correct; scored tokens); `chunking` is unused (no fused loss)."""
+        loss, out = vocab_parallel_loss(hidden, self.weight, labels, vocab, self.mesh)
+        return loss.to_local(), out.correct, out.tokens
 
 
 class TensorParallelRNG:

@@ -9,6 +9,9 @@ their own become extra gradient accumulation (same global batch, same math).
 `--tensor-model-parallel-size N` splits every replica's heads, MLP, embedding and LM head over N
 processes (gpt2forge.parallel.tensor_parallel); the processes of the job are then data-parallel
 replicas x N, with the N tensor-parallel ranks of a replica adjacent (rank = replica x N + tp rank).
+With pipeline stages in their own processes too (stages x replicas x N processes), each stage is
+split over N processes, `tp` still innermost: rank = (replica x stages + stage) x N + tp rank
+(one mesh ("dp", "pp", "tp"), gpt2forge.parallel.pipeline).
 """
 
 from __future__ import annotations
@@ -114,6 +117,9 @@ class Layout:
                          "with stage 0)")
         else:
             lines.append("LM_head --> stage 0 (tied to the embedding)")
+        if self.pipelined and self.tensor_parallel > 1:
+            lines.append(f"Each stage split over {self.tensor_parallel} tensor-parallel processes: rank = (replica x "
+                         f"{self.stages} + stage) x {self.tensor_parallel} + tensor-parallel rank")
         return lines
 
 
@@ -137,12 +143,7 @@ def build_layout(cfg: ParallelArgs, n_layer: int, world_size: int = 1) -> Layout
     if len(layers) != cfg.ipus_per_replica:
         raise UsageError(f"--layers-per-ipu has {len(layers)} entries but --ipus-per-replica is "
                          f"{cfg.ipus_per_replica}; give one entry per stage")
-    if tp > 1 and is_pipelined(len(layers), world_size // tp):
-        raise UsageError(f"--tensor-model-parallel-size {tp} with --layers-per-ipu stages in their own processes "
-                         f"({len(layers)} stages x {tp} x replicas = {world_size} processes) is not supported yet; "
-                         f"start {tp} x replicas processes (the stages then run co-located) or drop "
-                         "--tensor-model-parallel-size")
-    if is_pipelined(len(layers), world_size) and cfg.pipeline_schedule == "1F1B" \
+    if is_pipelined(len(layers), world_size // tp) and cfg.pipeline_schedule == "1F1B" \
             and cfg.gradient_accumulation < len(layers):
         raise UsageError(f"--pipeline-schedule 1F1B needs at least one micro-batch per stage: "
                          f"--gradient-accumulation {cfg.gradient_accumulation} < {len(layers)} stages; raise it "

@@ -1,7 +1,8 @@
 """Tensor parallelism (DTensor, gloo on CPU, launched with torchrun): the same step lines as one
-process within fp32 rounding, with data parallelism and sequence parallelism too, checkpoints that
-resume under another layout, Megatron's dropout streams, and the layout errors."""
+process within fp32 rounding, with data parallelism, sequence parallelism and pipeline stages too,
+checkpoints that resume under another layout, Megatron's dropout streams, and the layout errors."""
 
+import dataclasses
 import json
 import os
 import re
@@ -12,11 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_MODEL
+from safetensors.torch import load_file
 from test_distributed import ROOT, run  # the torchrun harness (pytest puts tests/parallel on the path)
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.model.config import ModelConfig
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import DistEnv, check_world
-from gpt2forge.parallel.strategy import ParallelRequest, select_strategy
+from gpt2forge.parallel.strategy import ParallelRequest, build_strategy, select_strategy
 from gpt2forge.parallel.tensor_parallel import head_order
 from gpt2forge.parallel.topology import Layout, ParallelArgs, build_layout, check_tensor_parallel
 
@@ -64,11 +68,30 @@ def assert_close(got: list[str], expected: list[str]) -> None:
         assert g[1] == pytest.approx(e[1], abs=TOLERANCE) and g[2] == pytest.approx(e[2], abs=1e-3)
 
 
+def assert_same_checkpoint(got: Path, expected: Path) -> None:
+    """The weights and the optimizer state saved by two layouts agree within fp32 rounding (each
+    optimizer state tensor to 1e-3 of its largest value: Adam's second moments are ~1e-6 here)."""
+    weights, reference = load_file(got / "model.safetensors"), load_file(expected / "model.safetensors")
+    assert weights.keys() == reference.keys()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(weights[name], tensor, atol=TOLERANCE, rtol=0, msg=name)
+    state, reference = (torch.load(d / "training_state.pt", weights_only=False)["optimizer"] for d in (got, expected))
+    assert state["param_groups"] == reference["param_groups"] and state["state"].keys() == reference["state"].keys()
+    for i, entry in reference["state"].items():
+        for key, tensor in entry.items():
+            scale = float(tensor.abs().max()) if tensor.numel() else 0.0
+            torch.testing.assert_close(state["state"][i][key], tensor, atol=1e-3 * scale, rtol=0, msg=f"{i} {key}")
+
+
+PIPELINE = ["--layers-per-ipu", "1", "1", "--ipus-per-replica", "2"]
+"""Two pipeline stages of one block each."""
+
+
 @pytest.mark.slow
-def test_tp2_and_tp2_x_dp2_equal_one_process_and_checkpoints_move_between_layouts(tiny_config, single, tmp_path):
+def test_tp2_with_dp2_or_pp2_equals_one_process_and_checkpoints_move_between_layouts(tiny_config, single, tmp_path):
     lines, single_ckpt = single
     assert len(lines) == 5
-    # TP=2 with sequence parallelism here; plain TP=2 below (TP x DP, and the resumed run)
+    # TP=2 with sequence parallelism here; plain TP=2 below (TP x DP, and the resumed runs)
     sp = run(args(tiny_config, "--tensor-model-parallel-size", "2", "--sequence-parallel", "true"), nproc=2)
     assert_close(sp, lines)
     ckpt = tmp_path / "tp_dp"
@@ -77,8 +100,17 @@ def test_tp2_and_tp2_x_dp2_equal_one_process_and_checkpoints_move_between_layout
     assert_close(tp_dp, lines)
     resume = ["--resume-training-from-checkpoint", "true", "--checkpoint-input-dir"]
     assert_close(run(args(tiny_config, *resume, str(ckpt / "step_2"))), lines[2:])  # TP x DP -> one process
-    back = run(args(tiny_config, *resume, str(single_ckpt / "step_2"), "--tensor-model-parallel-size", "2"), nproc=2)
-    assert_close(back, lines[2:])  # one process -> TP
+    assert_close(run(args(tiny_config, *resume, str(ckpt / "step_2"), *PIPELINE), nproc=2), lines[2:])  # -> PP=2
+    # TP=2 x PP=2: each stage split over 2 processes, the sequence shards passed between the stages'
+    # corresponding tp ranks, the vocabulary-parallel embedding (stage 0) tied to the last stage's
+    # vocabulary-parallel head copy. Its checkpoint is one process's, and resumes as TP=2 x DP=2.
+    tp_pp_ckpt = tmp_path / "tp_pp"
+    tp_pp = run(args(tiny_config, *PIPELINE, "--tensor-model-parallel-size", "2", "--sequence-parallel", "true",
+                     "--checkpoint-output-dir", str(tp_pp_ckpt), "--save-per-steps", "2"), nproc=4)
+    assert_close(tp_pp, lines)
+    assert_same_checkpoint(tp_pp_ckpt / "step_2", single_ckpt / "step_2")
+    back = run(args(tiny_config, *resume, str(tp_pp_ckpt / "step_2"), "--tensor-model-parallel-size", "2"), nproc=4)
+    assert_close(back, lines[2:])  # PP -> TP x DP
 
 
 def test_head_order_gives_each_rank_its_q_k_v_heads():
@@ -98,8 +130,20 @@ def test_tensor_parallel_layout_is_picked_and_its_sizes_checked():
     with pytest.raises(UsageError, match="--tensor-model-parallel-size 2 does not divide the 3 processes"):
         check_world(DistEnv(0, 0, 3), 1, tensor_parallel=2)
     check_world(DistEnv(0, 0, 4), 2, tensor_parallel=2)  # 2 replicas x 2
-    with pytest.raises(UsageError, match="--tensor-model-parallel-size 2 with --layers-per-ipu stages"):
-        build_layout(ParallelArgs(layers_per_ipu=[1, 1], ipus_per_replica=2, tensor_model_parallel_size=2), 2, 4)
+    # 2 stages x 2 tp ranks: the pipeline strategy, one replica (1F1B: a micro-batch per stage); in 2
+    # processes the stages are co-located (no schedule: one micro-batch will do).
+    cfg = ParallelArgs(layers_per_ipu=[1, 1], ipus_per_replica=2, tensor_model_parallel_size=2)
+    staged = build_layout(dataclasses.replace(cfg, gradient_accumulation=2), 2, 4)
+    assert staged.pipelined and staged.data_parallel == 1
+    assert select_strategy(ParallelRequest(torch.device("cpu"), DistEnv(0, 0, 4), staged)) == "pipeline"
+    assert select_strategy(ParallelRequest(torch.device("cpu"), DistEnv(0, 0, 2), build_layout(cfg, 2, 2))) \
+        == "tensor_parallel"
+    model = GPT2LMHeadModel(ModelConfig(vocab_size=96, n_positions=16, n_embd=32, n_layer=2, n_head=4))
+    for request in ParallelRequest(torch.device("cpu"), DistEnv(0, 0, 4), staged, zero=1), \
+            ParallelRequest(torch.device("cpu"), DistEnv(0, 0, 4), Layout((2,), 2, 4, tensor_parallel=2), zero=1):
+        with pytest.raises(UsageError, match=r"^--tensor-model-parallel-size 2 runs without ZeRO and offload for "
+                                             r"now; drop --zero-stage / --replicated-tensor-sharding / --offload$"):
+            build_strategy(model, request)
     with pytest.raises(UsageError, match="--sequence-parallel needs --tensor-model-parallel-size > 1"):
         ParallelArgs(sequence_parallel=True)
 
