@@ -4,14 +4,14 @@ Owns the reader contract (`contract`: `DataRequest` in, `DatasetSplit` out, item
 token ids, the `ShardedStream` base and the `EpochOrdered` hook), the readers (`generated`,
 `pickled` with `safe_pickle`, `mmap` over the Megatron `indexed` format, `tfrecord`, `rawtext` for
 ``jsonl`` and ``text`` with its tokenized `text_cache` and the prompt/completion records of
-`completion`, `hf_datasets` for ``hf``: Hugging Face ``datasets`` data grouped into blocks as
-transformers' run_clm) and the registry `DATASETS` with `load_datasets`.
+`completion`, `hf_datasets` for ``hf``: Hugging Face ``datasets`` data (opened by `hf_sources`)
+grouped into blocks as transformers' run_clm) and the registry `DATASETS` with `load_datasets`.
 
 Adding a format: write ``gpt2forge/data/<format>.py`` with a ``load(req)`` function honouring
 the contract (import it from ``gpt2forge.data.contract``), and add one entry to ``DATASETS``.
 
 May import: gpt2forge.core, gpt2forge.ops, gpt2forge.text (the raw-text readers tokenize); the optional
-``datasets`` package only inside `hf_datasets`, when ``--dataset hf`` is read.
+``datasets`` package only inside `hf_sources` and `hf_datasets`, when ``--dataset hf`` is read.
 """
 
 from __future__ import annotations
