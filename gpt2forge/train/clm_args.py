@@ -267,6 +267,8 @@ def _model(values: dict) -> int:
             tokenizer = str(folder)
     if tokenizer is not None:
         values["tokenizer_name_or_path"] = str(resolve_model_folder(tokenizer, "--tokenizer_name"))
+    if model is None and config is None:
+        values["max_position_embeddings"] = positions  # GPT2Config()'s position table, whatever the block size
     return positions
 
 

@@ -139,6 +139,7 @@ def test_defaults_and_renames(clm_files, monkeypatch):
             cfg.data.overwrite_cache) == (10, False, 2, True)
     assert cfg.logging.tensorboard_dir == str(Path("out") / "clm_no_trainer") and not cfg.logging.use_wandb
     assert cfg.arch.max_len == 128 and cfg.arch.model == "gpt2"  # a new GPT-2 small, as --model_type gpt2
+    assert cfg.arch.max_position_embeddings == 1024  # GPT2Config()'s
     assert (cfg.checkpoint.save_per_epochs, cfg.checkpoint.save_per_steps) == (1, None)
 
 
