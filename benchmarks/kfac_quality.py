@@ -6,13 +6,13 @@
 
 Each arm is seed 002's run_clm job (`train_clm.py`'s flags: `--dataset_name` a local `datasets`
 dataset of the WikiText test articles' lines, 5% of them held out, blocks of --seq-len tokens,
---batch-size sequences per update, linear decay from --lr without warm-up), the one difference being `--kfac --kfac-factor-update-steps
-F --kfac-inv-update-steps I`. The runs start from the same seeded weights and read the same blocks in
-the same order; they run one after another (a whole run cannot be interleaved), so run this on an
-idle machine: the load average is printed before and after each arm. The run is `train_clm.py`'s,
-translated to `train_gpt2.py` flags with validation every --eval-every updates added (run_clm itself
-validates once per epoch). Training wall time is the sum of the step times the trainer records
-(validation excluded).
+--batch-size sequences per update, linear decay from --lr without warm-up), the one difference being
+`--kfac --kfac-factor-update-steps F --kfac-inv-update-steps I`. The runs start from the same seeded
+weights and read the same blocks in the same order; they run one after another (a whole run cannot
+be interleaved), so run this on an idle machine: the load average is printed before and after each
+arm. The run is `train_clm.py`'s, translated to `train_gpt2.py` flags with validation every
+--eval-every updates added (run_clm itself validates once per epoch). Training wall time is the sum of the
+step times the trainer records (validation excluded).
 
 Prints, per arm, the held-out loss at every validation, the training seconds to reach it and the mean
 update time over AdamW's; writes the chart (loss against updates and against seconds) to --chart.
