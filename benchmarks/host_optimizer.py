@@ -1,5 +1,9 @@
 """Host optimizer step: the C++ AdamW op against torch.optim.AdamW and DeepSpeedCPUAdam, same run.
 
+`HostAdamW` updates each param group in one call of the multi-tensor op; the row "C++ op, per
+tensor" calls the one-tensor op once per tensor instead (one parallel region each, as before the
+multi-tensor op), so the gain of the single call shows within one run.
+
 With --optimizer-state-offchip the update runs on the CPU over fp32 master weights and moments.
 Each round times every contender in turn (interleaved, so a change in machine load hits them all)
 on the tensor shapes of a real GPT-2 model: one step reads p, g, m, v and writes p, m, v, 28 bytes
@@ -68,18 +72,28 @@ def deepspeed_adam() -> Callable | str:
                                            adamw_mode=True)
 
 
+class PerTensorHostAdamW(host_optim.HostAdamW):
+    """HostAdamW calling `adamw_step_` once per tensor rather than `multi_tensor_adamw_` once per group."""
+
+    def _kernel_step(self, group: dict, lists: list[list], steps: list[torch.Tensor]) -> None:
+        torch._foreach_add_(steps, 1.0)
+        beta1, beta2 = group["betas"]
+        for p, g, m, v, copy, step in zip(*lists[:4], lists[4] or [None] * len(steps), steps):
+            host_optim.adamw_step_(p, g, m, v, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                                   weight_decay=group["weight_decay"], step=step.item(), device_copy=copy)
+
+
 def contenders(with_copy: bool) -> dict[str, Callable | str]:
     """name -> optimizer factory over a parameter list, or why that row is skipped."""
     found: dict[str, Callable | str] = {}
+    hyper = dict(lr=LR, betas=BETAS, eps=EPS, weight_decay=DECAY)
     if host_optim.kernel_available():
-        found["C++ op (HostAdamW)"] = lambda params: host_optim.HostAdamW(params, lr=LR, betas=BETAS, eps=EPS,
-                                                                             weight_decay=DECAY)
+        found["C++ op (HostAdamW)"] = lambda params: host_optim.HostAdamW(params, **hyper)
+        found["C++ op, per tensor"] = lambda params: PerTensorHostAdamW(params, **hyper)
     else:
-        found["C++ op (HostAdamW)"] = "custom ops library not built: run `make`"
-    found["torch AdamW foreach"] = lambda params: torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS,
-                                                                    weight_decay=DECAY, foreach=True)
-    found["torch AdamW fused"] = lambda params: torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS,
-                                                                  weight_decay=DECAY, fused=True)
+        found["C++ op (HostAdamW)"] = found["C++ op, per tensor"] = "custom ops library not built: run `make`"
+    found["torch AdamW foreach"] = lambda params: torch.optim.AdamW(params, **hyper, foreach=True)
+    found["torch AdamW fused"] = lambda params: torch.optim.AdamW(params, **hyper, fused=True)
     found["DeepSpeedCPUAdam"] = "bf16 device copy not comparable" if with_copy else deepspeed_adam()
     return found
 
@@ -111,20 +125,22 @@ def bench(label: str, shapes: list[torch.Size], rounds: int, steps: int, with_co
         p.grad = torch.randn(p.shape) * 1e-3
     rows = contenders(with_copy)
     times: dict[str, list[float]] = {name: [] for name, make in rows.items() if callable(make)}
-    for _ in range(rounds):
-        for name in times:
+    names = list(times)
+    for r in range(rounds):  # each round starts one contender later: none always runs first
+        for name in names[r % len(names):] + names[:r % len(names)]:
             times[name].append(time_steps(rows[name], params, steps, with_copy))
     moved = n * (28 + (2 if with_copy else 0))
     print(f"\n{label}: {n / 1e6:.1f}M parameters in {len(shapes)} tensors, {moved / 1e9:.2f} GB moved per step"
-          f"{' (with the bf16 device copy)' if with_copy else ''}; median of {rounds} rounds x {steps} steps")
-    ours = statistics.median(times["C++ op (HostAdamW)"]) if "C++ op (HostAdamW)" in times else None
+          f"{' (with the bf16 device copy)' if with_copy else ''}; median of {rounds} rounds x {steps} steps\n"
+          "  (speedup: the median over rounds of the ratio within a round, as the bandwidth drifts between rounds)")
+    ours = times.get("C++ op (HostAdamW)")
     print(f"  {'optimizer':<22} {'ms/step':>9} {'GB/s':>7} {'of triad':>9} {'C++ op speedup':>15}")
     for name, make in rows.items():
         if not callable(make):
             print(f"  {name:<22} skipped: {make}")
             continue
         t = statistics.median(times[name])
-        speedup = f"{t / ours:.2f}x" if ours is not None else "-"
+        speedup = f"{statistics.median(x / y for x, y in zip(times[name], ours)):.2f}x" if ours else "-"
         print(f"  {name:<22} {t * 1e3:>9.1f} {moved / t / 1e9:>7.1f} {moved / t / 1e9 / triad:>8.0%} {speedup:>15}")
 
 
@@ -132,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="124M", help=f"comma-separated GPT-2 sizes, of {', '.join(SIZES)}")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per optimizer and round (default 5)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per optimizer and round (default 3)")
     parser.add_argument("--bf16-copy", action="store_true",
                         help="also write the bf16 device copy of the weights (the op: same pass; torch: copy_)")
     parser.add_argument("--quick", action="store_true", help="one tiny shape, 1 round: checks that it runs")

@@ -383,10 +383,10 @@ class Lamb(torch.optim.Optimizer):
 
 
 class HostLamb(Lamb):
-    """Lamb whose update of CPU fp32 tensors runs in the C++ op `gpt2forge::lamb_step_` (one
-    tensor at a time: its trust ratio needs that tensor's two norms); other tensors, and all of
-    them when the library is absent, take Lamb's own update, the reference. Same state and
-    `state_dict` as Lamb; `device_copies` as in host_optim.HostAdamW."""
+    """Lamb whose update of CPU fp32 tensors runs in the C++ op `gpt2forge::multi_tensor_lamb_` (one
+    call per bucket, a trust ratio per tensor); other tensors, and all of them when the library is
+    absent, take Lamb's own update, the reference. Same state and `state_dict` as Lamb;
+    `device_copies` as in host_optim.HostAdamW."""
 
     def __init__(self, params, **hyper):
         super().__init__(params, **hyper)
@@ -394,29 +394,25 @@ class HostLamb(Lamb):
         self.use_kernel = host_optim.kernel_available()
 
     def _update(self, group, params, grads, exp_avgs, exp_avg_sqs, steps) -> None:
-        lists = (params, grads, exp_avgs, exp_avg_sqs, steps)
-        rest = [i for i in range(len(params)) if not (self.use_kernel and self._kernel_update(group, *(
-            xs[i] for xs in lists)))]
+        taken, rest, lists = (host_optim.kernel_split(params, grads, exp_avgs, exp_avg_sqs, self.device_copies)
+                              if self.use_kernel else ([], list(range(len(params))), []))
+        if taken:
+            self._kernel_update(group, lists, [steps[i] for i in taken])
         if not rest:
             return
-        super()._update(group, *([xs[i] for i in rest] for xs in lists))
+        super()._update(group, *([xs[i] for i in rest] for xs in (params, grads, exp_avgs, exp_avg_sqs, steps)))
         for i in rest:
             if params[i] in self.device_copies:
                 self.device_copies[params[i]].copy_(host_optim.local(params[i]))
 
-    def _kernel_update(self, group: dict, p, grad, exp_avg, exp_avg_sq, step: torch.Tensor) -> bool:
-        """Update one parameter with the op; False (nothing done) when the op does not take it."""
-        tensors = [host_optim.local(t) for t in (p, grad, exp_avg, exp_avg_sq)]
-        copy = self.device_copies.get(p)
-        if not host_optim.kernel_accepts(*tensors, copy):
-            return False
-        step += 1
+    def _kernel_update(self, group: dict, lists: list[list], steps: list[torch.Tensor]) -> None:
+        """Update the tensors of `host_optim.kernel_split`'s lists with one op call; advances their steps."""
+        torch._foreach_add_(steps, 1.0)
         beta1, beta2 = group["betas"]
-        host_optim.lamb_step_(*tensors, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                              weight_decay=group["weight_decay"], step=step.item(),
-                              bias_correction=group["bias_correction"], max_weight_norm=group["max_weight_norm"],
-                              device_copy=copy)
-        return True
+        host_optim.multi_tensor_lamb_(*lists[:4], lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                                      weight_decay=group["weight_decay"], steps=[s.item() for s in steps],
+                                      bias_correction=group["bias_correction"],
+                                      max_weight_norm=group["max_weight_norm"], device_copies=lists[4])
 
 
 # The host-side classes of the optimizers that have a C++ update (the others stay PyTorch's).

@@ -1,5 +1,6 @@
 """The host optimizer ops (custom_ops/host_optim.cpp) against their references, torch.optim.AdamW
-and gpt2forge.train.optim.Lamb, and their wiring into --optimizer-state-offchip.
+and gpt2forge.train.optim.Lamb, the multi-tensor ops against the one-tensor ops (bit for bit), and
+their wiring into --optimizer-state-offchip.
 
 Tolerances: the op repeats torch's fused CPU AdamW operation by operation (its vector lanes agree
 bit for bit; torch computes the last size % 8 elements partly in double), and torch's default
@@ -34,11 +35,14 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     if not host_optim.kernel_available():
         pytest.skip("custom ops library without the host optimizer ops: run `make`")
     calls = {"adamw": 0, "lamb": 0}
-    for name, op in (("adamw", host_optim.adamw_step_), ("lamb", host_optim.lamb_step_)):
-        def counted(*args, _op=op, _name=name, **kwargs):
-            calls[_name] += 1
-            return _op(*args, **kwargs)
-        monkeypatch.setattr(host_optim, f"{name}_step_", counted)
+    for name in ("adamw", "lamb"):
+        for attr in (f"{name}_step_", f"multi_tensor_{name}_"):
+            op = getattr(host_optim, attr)
+
+            def counted(*args, _op=op, _name=name, **kwargs):
+                calls[_name] += 1
+                return _op(*args, **kwargs)
+            monkeypatch.setattr(host_optim, attr, counted)
     return calls
 
 
@@ -110,6 +114,65 @@ def test_lamb_op_equals_project_lamb(kernel, n, bias_correction, weight_decay, m
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
     for key in ("exp_avg", "exp_avg_sq"):
         torch.testing.assert_close(ours_opt.state[ours][key], ref_opt.state[ref][key], rtol=1e-5, atol=1e-7)
+
+
+def multi_tensor_case(seed: int = 0):
+    """Tensors of every odd size plus two spanning several pieces, fp32 and bf16 grads, a bf16 copy
+    on every other one, and step counts that differ per tensor (a tensor can miss a step)."""
+    sizes = [*SIZES, 3 * (1 << 15) + 13, 1 << 17]
+    gen = torch.Generator().manual_seed(seed)
+    params = [torch.randn(n, generator=gen) for n in sizes]
+    grads = [torch.randn(n, generator=gen).to(torch.bfloat16 if i % 3 == 1 else torch.float32)
+             for i, n in enumerate(sizes)]
+    moments = [[torch.rand(n, generator=gen) * 1e-2 for n in sizes] for _ in range(2)]
+    copies = [torch.empty(n, dtype=torch.bfloat16) if i % 2 else None for i, n in enumerate(sizes)]
+    steps = [float(3 + i % 4) for i in range(len(sizes))]
+    return params, grads, *moments, copies, steps
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_multi_tensor_op_equals_one_tensor_op_bit_for_bit(kernel, name, threads):
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    if name == "lamb":
+        hyper.update(bias_correction=True, max_weight_norm=None)
+    params, grads, exp_avgs, exp_avg_sqs, copies, steps = multi_tensor_case()
+    one = [[t.clone() if t is not None else None for t in xs] for xs in (params, exp_avgs, exp_avg_sqs, copies)]
+    for p, g, m, v, c, step in zip(one[0], grads, one[1], one[2], one[3], steps):
+        getattr(host_optim, f"{name}_step_")(p, g, m, v, step=step, device_copy=c, **hyper)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)  # pieces, not threads, fix each element's path and each norm's order
+    try:
+        getattr(host_optim, f"multi_tensor_{name}_")(params, grads, exp_avgs, exp_avg_sqs, steps=steps,
+                                                      device_copies=copies, **hyper)
+    finally:
+        torch.set_num_threads(previous)
+    assert kernel[name] == len(params) + 1
+    for ours, ref in zip((params, exp_avgs, exp_avg_sqs, copies), one):
+        for i, (x, y) in enumerate(zip(ours, ref)):
+            assert (x is None and y is None) or torch.equal(x, y), f"tensor {i} of {params[i].numel()} elements"
+
+
+def test_host_adamw_updates_a_group_in_one_call_and_leaves_the_rest_to_torch(kernel):
+    gen = torch.Generator().manual_seed(0)
+    p0 = [torch.randn(n, generator=gen) for n in SIZES] + [torch.randn(9, generator=gen, dtype=torch.float64)]
+    grads = [[torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in p0] for _ in range(STEPS)]
+    hyper = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    results = []
+    for cls in (host_optim.HostAdamW, functools.partial(torch.optim.AdamW, fused=True)):
+        params = [torch.nn.Parameter(p.clone()) for p in p0]
+        opt = cls([{"params": params[:3]}, {"params": params[3:], "weight_decay": 0.0}], **hyper)
+        for step, gs in enumerate(grads):
+            for i, (p, g) in enumerate(zip(params, gs)):
+                p.grad = None if (i == 0 and step % 5 == 4) else g.clone()  # tensor 0 misses some steps
+            opt.step()
+        results.append((params, opt))
+    assert kernel["adamw"] == 2 * STEPS  # one call per param group per step, the fp64 tensor in torch
+    (ours, ours_opt), (ref, ref_opt) = results
+    for p, q in zip(ours, ref):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        assert ours_opt.state[p]["step"].item() == ref_opt.state[q]["step"].item()
+    assert ours_opt.state[ours[0]]["step"].item() == STEPS - STEPS // 5
 
 
 def test_tensors_the_op_does_not_take_use_torch(kernel):
