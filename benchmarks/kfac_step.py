@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/kfac_step.py                 # the `make train` shape: config_mini, B=8, T=128
     .venv/bin/python benchmarks/kfac_step.py --model-config config/gpt2.json --batch-size 8 --seq-len 256
+    .venv/bin/python benchmarks/kfac_step.py --model-config config/config.json --seq-len 256 --components
     .venv/bin/python benchmarks/kfac_step.py --quick         # a tiny model, a few steps (the test's smoke run)
 
 Each arm is the trainer's own update (`step.train_step`: forward/backward, K-FAC, clipping at 1.0,
@@ -11,6 +12,17 @@ blocks of --block updates, so a change of machine load falls on all of them, unt
 --steps updates (a multiple of 50 by default, so the 5/50 arm's mean carries its share of
 eigendecompositions). Reported per arm: the mean and median update time, and the mean over
 AdamW's; the target is 5/50 <= 1.3x. Run it on an idle machine: the load average is printed.
+
+--components, for shapes where whole 50-update cycles take too long (GPT-2 small: ~15 s an update
+here), times the three kinds of K-FAC update one by one, each against AdamW updates interleaved
+with it, and the decomposition on its own: t_pre (precondition only), t_fac (factor capture and
+fold + precondition) and t_dec (one eigendecomposition of every factor). An f/i arm then costs
+t_pre + (t_fac - t_pre) / f + t_dec / i per update on average, which is what the whole-cycle
+measurement averages; run both modes on the `make train` shape to see how well they agree.
+Why the blocks' preconditioning dominates at GPT-2 small: for a layer of n_in x n_out, the eigen
+preconditioning costs 2 n_in n_out (n_in + n_out) multiply-adds per update and the layer's
+forward/backward 3 n_in n_out tokens, so the ratio is 2 (n_in + n_out) / (3 tokens): 1.25 for the
+MLP layers at 8 x 256 tokens, whatever the hardware.
 """
 
 from __future__ import annotations
@@ -50,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=10, help="updates an arm runs before the next arm's turn")
     p.add_argument("--warmup", type=int, default=2, help="untimed updates per arm first")
     p.add_argument("--quick", action="store_true", help="a 2-layer 64-wide model, B=2, T=32, 10 updates per arm")
+    p.add_argument("--components", action="store_true",
+                   help="time each kind of K-FAC update and the decomposition (--steps of each), and combine them "
+                        "per interval pair instead of running whole cycles")
     args = p.parse_args(argv)
     if args.quick:
         args.batch_size, args.seq_len, args.steps, args.block, args.warmup = 2, 32, 10, 5, 1
@@ -80,15 +95,54 @@ def build_run(args: argparse.Namespace, intervals: tuple[int, int] | None) -> Ru
     return run
 
 
+def load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def components(args: argparse.Namespace, batch: torch.Tensor) -> int:
+    """--components: t_pre, t_fac against interleaved AdamW updates, t_dec alone, combined per arm."""
+    adamw, kfac = build_run(args, None), build_run(args, ARMS["K-FAC 5/50"])
+    f, i = ARMS["K-FAC 5/50"]
+    for run in (adamw, kfac):  # K-FAC's first update folds its first factors and decomposes them
+        for _ in range(args.warmup):
+            train_step(run, [batch])
+    times: dict[str, list[float]] = {"AdamW": [], "precondition only": [], "factors + precondition": []}
+    for _ in range(args.steps):
+        for name, counter in (("AdamW", None), ("precondition only", 1), ("factors + precondition", f)):
+            if counter is not None:
+                kfac.kfac.steps = counter  # 1: neither a factor update nor a decomposition; f: a factor update
+            t0 = time.perf_counter()
+            train_step(adamw if counter is None else kfac, [batch])
+            times[name].append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    kfac.kfac._decompose()
+    t_dec = time.perf_counter() - t0
+    base, t_pre, t_fac = (statistics.fmean(times[k]) for k in times)
+    print(f"{'update kind':<24} {'mean ms':>9} {'median ms':>10} {'x AdamW':>8}")
+    for name, t in times.items():
+        print(f"{name:<24} {1000 * statistics.fmean(t):9.1f} {1000 * statistics.median(t):10.1f} "
+              f"{statistics.fmean(t) / base:8.2f}")
+    print(f"{'decomposition (alone)':<24} {1000 * t_dec:9.1f}")
+    ratios = {name: (t_pre + (t_fac - t_pre) / fi[0] + t_dec / fi[1]) / base
+              for name, fi in ARMS.items() if fi}
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio:.2f}x AdamW, combined from the parts")
+    ratio = ratios["K-FAC 5/50"]
+    print(f"K-FAC 5/50 / AdamW: {ratio:.2f}x (target <= {TARGET}x: {'met' if ratio <= TARGET else 'missed'}); "
+          f"load average after: {load()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     shape = model_config(args)
     print(f"model: {shape.n_layer} layers x {shape.n_embd} wide, vocab {shape.vocab_size}; B={args.batch_size}, "
-          f"T={args.seq_len}; {torch.get_num_threads()} threads; load average before: "
-          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    runs = {name: build_run(args, intervals) for name, intervals in ARMS.items()}
+          f"T={args.seq_len}; {torch.get_num_threads()} threads; load average before: {load()}")
     gen = torch.Generator().manual_seed(0)
     batch = torch.randint(0, shape.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
+    if args.components:
+        return components(args, batch)
+    runs = {name: build_run(args, intervals) for name, intervals in ARMS.items()}
     times: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():
         for _ in range(args.warmup):
@@ -106,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.fmean(t) / base:8.2f}")
     ratio = statistics.fmean(times["K-FAC 5/50"]) / base
     print(f"K-FAC 5/50 / AdamW: {ratio:.2f}x (target <= {TARGET}x: {'met' if ratio <= TARGET else 'missed'}); "
-          f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"load average after: {load()}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The issue-24 benchmarks run end to end on a tiny shape and print their ratios (no timing is checked)."""
+"""The issue-24 benchmarks (and the K-FAC update-time benchmark) run end to end on a tiny shape and print their ratios (no timing is checked)."""
 
 from __future__ import annotations
 
@@ -57,3 +57,12 @@ def test_generation_latency_checks_bf16_against_fp32_greedy():
                "--accuracy-model", "random"])
     assert "ours / the fp32 weights' floor:" in out
     assert "bf16 against fp32 greedy decoding (random gpt2-test weights" in out and "identical for" in out
+
+
+def test_kfac_step_prints_whole_cycles_and_the_parts():
+    out = run(["benchmarks/kfac_step.py", "--quick"])
+    assert "K-FAC 5/50 / AdamW:" in out and "K-FAC 1/10" in out
+    out = run(["benchmarks/kfac_step.py", "--quick", "--components", "--steps", "2"])
+    for line in ("precondition only", "factors + precondition", "decomposition (alone)",
+                 "K-FAC 5/50: ", "combined from the parts"):
+        assert line in out, out
