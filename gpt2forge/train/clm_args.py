@@ -73,13 +73,6 @@ def _model_type(value: str, _values: dict) -> None:
         raise UsageError(f"--model_type {value}: this trainer builds GPT-2 (model_type gpt2) only")
 
 
-def _bool(text: str) -> bool:
-    try:
-        return str_to_bool(text)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 F = Flag
 FLAGS: tuple[Flag, ...] = (
     # data
@@ -101,7 +94,7 @@ FLAGS: tuple[Flag, ...] = (
     F(("--preprocessing_num_workers",), "data", "preprocessing_workers", "processes that tokenize (they also decide "
       "the blocks, as in run_clm)", int),
     F(("--overwrite_cache",), "data", "overwrite_cache", "tokenize again instead of reusing the cached blocks",
-      _bool, "?", True),
+      str_to_bool, "?", True),
     F(("--streaming",), "data", Refused("the blocks are tokenized once into a memory-mapped cache, which any corpus "
                                         "size fits; drop --streaming"), "", None),
     # model
@@ -117,8 +110,8 @@ FLAGS: tuple[Flag, ...] = (
     F(("--low_cpu_mem_usage",), "model", accept,
       "always: a checkpoint's model is built on the meta device and takes the file's tensors", None),
     F(("--trust_remote_code",), "model",
-      Refused("no code from a model folder runs here: GPT-2 is built in; drop --trust_remote_code"), "", _bool, "?",
-      True),
+      Refused("no code from a model folder runs here: GPT-2 is built in; drop --trust_remote_code"), "",
+      str_to_bool, "?", True),
     # training
     F(("--per_device_train_batch_size",), "training", "batch_size", "sequences per process per forward/backward", int),
     F(("--per_device_eval_batch_size",), "training", accept,
