@@ -18,7 +18,8 @@ import torch
 from gpt2forge.core.errors import UsageError
 from gpt2forge.model.checkpoint import load_model, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.model.megatron_checkpoint import is_megatron_checkpoint, load_megatron_model
+from gpt2forge.model.megatron_checkpoint import load_megatron_model
+from gpt2forge.model.megatron_files import is_megatron_checkpoint
 from gpt2forge.text.tokenizer import HF_FILE, Tokenizer, load_bpe_files, load_tokenizer
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
 

@@ -29,7 +29,7 @@ from gpt2forge.model.checkpoint import (
     save_checkpoint,
 )
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.model.megatron_checkpoint import is_megatron_checkpoint, iteration_dir
+from gpt2forge.model.megatron_files import is_megatron_checkpoint, iteration_dir
 from gpt2forge.parallel.health import wait_for_rank0
 from gpt2forge.text.tokenizer import tokenizer_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE, asset_dir

@@ -1,4 +1,5 @@
-"""The issue-24 benchmarks (and the K-FAC update-time benchmark) run end to end on a tiny shape and print their ratios (no timing is checked)."""
+"""The issue-24 benchmarks and the K-FAC update-time benchmark run end to end on a tiny shape and print
+their ratios (no timing is checked)."""
 
 from __future__ import annotations
 

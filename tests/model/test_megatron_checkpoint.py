@@ -25,14 +25,13 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.model.megatron_checkpoint import (
-    TRACKER,
     activation_of,
     export_hf,
-    is_megatron_checkpoint,
     load_megatron_checkpoint,
     load_megatron_model,
     main,
 )
+from gpt2forge.model.megatron_files import TRACKER, is_megatron_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 V, PADDED = 100, 128  # real vocabulary; Megatron's embedding rows (padded to 128 x TP in Megatron-LM)
