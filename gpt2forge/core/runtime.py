@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 import time
@@ -47,6 +48,17 @@ def configure_host_allocator() -> bool:
         return False  # not glibc (musl, ...)
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+@functools.cache
+def loader_workers(requested: int) -> int:
+    """--num-workers, at most the CPUs this process may run on (the default 4 on a 2-core machine
+    would oversubscribe it, and the DataLoader warns); one notice when it is lowered."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested <= cpus:
+        return requested
+    log.notice(f"--num-workers {requested}: this process may use {cpus} CPUs; {cpus} data-loader workers run")
+    return cpus
 
 
 def resolve_device(name: str) -> torch.device:

@@ -164,7 +164,7 @@ class DataArgs:
     """Check every tfrecord record on open."""
     seed: int = opt(1234, "seeds weights, dropout and data order: CPU runs are bit-reproducible")
     """Seed of weights, dropout and data order."""
-    num_workers: int = opt(4, "DataLoader worker processes")
+    num_workers: int = opt(4, "DataLoader worker processes (at most the CPUs this process may use)")
     """DataLoader worker processes (0: load in the training process)."""
     async_dataloader: bool = opt(False, "background prefetch of batches (pinned memory on CUDA)", kind="bool")
     """Prefetch batches in the background."""

@@ -24,6 +24,7 @@ from gpt2forge.core.runtime import (
     autocast_dtype,
     configure_host_allocator,
     configure_matmul,
+    loader_workers,
     resolve_device,
     resolve_precision,
     synchronize,
@@ -93,8 +94,9 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         if isinstance(dataset, ShardedStream):  # a replica's pipeline stages read the same records
             dataset.shard(run.replica.rank, run.replica.world_size)
         stream = dataset.epoch_stream(progress.epoch, B, start, group=run.accumulation)
-        loader = DataLoader(stream, batch_size=B, collate_fn=collate, num_workers=run.cfg.data.num_workers,
-                            pin_memory=pin, generator=torch.Generator())
+        loader = DataLoader(stream, batch_size=B, collate_fn=collate,
+                            num_workers=loader_workers(run.cfg.data.num_workers), pin_memory=pin,
+                            generator=torch.Generator())
         batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
     else:
         env = run.replica
@@ -112,7 +114,7 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         used = order[:count].view(steps_per_epoch, iterations, env.world_size, -1)[:, :, env.rank]
         used = used.reshape(steps_per_epoch, micro_per_step, B)
         batches = DataLoader(dataset, batch_sampler=used[progress.step_in_epoch:].reshape(-1, B).tolist(),
-                             collate_fn=collate, num_workers=run.cfg.data.num_workers, pin_memory=pin,
+                             collate_fn=collate, num_workers=loader_workers(run.cfg.data.num_workers), pin_memory=pin,
                              generator=torch.Generator())
     group: list[torch.Tensor] = []
     try:

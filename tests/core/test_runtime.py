@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import LossScaler, resolve_device, resolve_precision
+from gpt2forge.core.runtime import LossScaler, loader_workers, resolve_device, resolve_precision
 
 
 def _params_with_grads(*values):
@@ -45,6 +45,16 @@ def test_disabled_scaler_is_identity():
     params = _params_with_grads(3.0)
     assert scaler.scale == 1.0 and scaler.unscale_and_check(params)
     assert torch.equal(params[0].grad, torch.full((2,), 3.0))
+
+
+def test_loader_workers_are_at_most_the_cpus_with_one_notice(monkeypatch, capsys):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr("gpt2forge.core.log._seen_notices", set())  # other tests may have printed it
+    loader_workers.cache_clear()
+    assert loader_workers(0) == 0 and loader_workers(2) == 2 and capsys.readouterr().err == ""
+    assert loader_workers(4) == 2 and loader_workers(4) == 2
+    assert capsys.readouterr().err.count("--num-workers 4: this process may use 2 CPUs") == 1
+    loader_workers.cache_clear()
 
 
 def test_device_and_precision_resolution():
