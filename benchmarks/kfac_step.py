@@ -22,7 +22,8 @@ measurement averages; run both modes on the `make train` shape to see how well t
 Why the blocks' preconditioning dominates at GPT-2 small: for a layer of n_in x n_out, the eigen
 preconditioning costs 2 n_in n_out (n_in + n_out) multiply-adds per update and the layer's
 forward/backward 3 n_in n_out tokens, so the ratio is 2 (n_in + n_out) / (3 tokens): 1.25 for the
-MLP layers at 8 x 256 tokens, whatever the hardware.
+MLP layers at 8 x 256 tokens, whatever the hardware (half that with --compute-method inverse, whose
+preconditioning is two matmuls instead of four).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=10, help="updates an arm runs before the next arm's turn")
     p.add_argument("--warmup", type=int, default=2, help="untimed updates per arm first")
     p.add_argument("--quick", action="store_true", help="a 2-layer 64-wide model, B=2, T=32, 10 updates per arm")
+    p.add_argument("--compute-method", default="eigen", choices=("eigen", "inverse"),
+                   help="K-FAC's --kfac-compute-method in the K-FAC arms")
     p.add_argument("--components", action="store_true",
                    help="time each kind of K-FAC update and the decomposition (--steps of each), and combine them "
                         "per interval pair instead of running whole cycles")
@@ -87,7 +90,8 @@ def build_run(args: argparse.Namespace, intervals: tuple[int, int] | None) -> Ru
     optimizer = build_optimizer(model, "AdamW", 1e-4, 0.01)
     flags = {"dataset": "generated", "max_grad_norm": 1.0}
     if intervals:
-        flags.update(kfac=True, kfac_factor_update_steps=intervals[0], kfac_inv_update_steps=intervals[1])
+        flags.update(kfac=True, kfac_factor_update_steps=intervals[0], kfac_inv_update_steps=intervals[1],
+                     kfac_compute_method=args.compute_method)
     cfg = TrainConfig.from_flat(flags)
     run = Run(cfg, strategy, optimizer, build_lr_schedule(optimizer, "constant", 1, 0), LossScaler(False, 1.0, False),
               torch.device("cpu"), "fp32", 1)
