@@ -3,9 +3,12 @@
 // Decoding one token is a chain of matrix-vector products: at batch 1 every weight byte is read
 // once per token, so a decode step is bound by memory bandwidth. BLAS sgemm/sgemv calls with
 // M = 1..8 rows read GPT-2 small's 498 MB of fp32 weights at 12-17 GB/s on the 2-core development
-// machine, where a plain streaming loop reaches 25-31 GB/s. This kernel splits W's rows across
-// OpenMP threads; each thread reads a row of W once and multiplies it into up to 8 rows of x at a
-// time (8 AVX2 accumulators), so batch 8 costs little more memory traffic than batch 1.
+// machine. This kernel hands W out in chunks of 128 rows to the calling thread and its helper
+// threads (Pool, below). Within a chunk, one row of x is multiplied with 8 rows of W at a time,
+// taken from 8 slices of the chunk, so that 8 read streams are in flight: one core then reads
+// 17-21 GB/s where a row after another gave 13-15 (and torch's sum() 14-17), two cores 20-24.
+// With more rows of x each row of W is read once and multiplied into up to 8 rows of x at a time
+// (8 AVX2 accumulators), so batch 8 costs little more memory traffic than batch 1.
 //
 // bf16 weights are read as bf16 (half the bytes) and widened to fp32 in registers; x and the
 // accumulation are fp32 (x is converted once per call), the result is rounded to x's dtype. On a
@@ -14,14 +17,22 @@
 //
 // x (M, K) and W (N, K) on the CPU, both fp32 or both bf16, b (N,) of the same dtype or absent. The PyTorch
 // reference is F.linear (gpt2forge.gemv.gemv_linear falls back to it, and tests compare
-// against it); the sums are taken in another order, so results agree to fp32 rounding.
+// against it); the sums are taken in another order, so results agree to fp32 rounding. Each
+// row's sum is taken the same way whichever thread computes it: results do not depend on the
+// thread count. gpt2forge::gemv_set_threads(n) sets that count (0: torch's intra-op count).
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <optional>
+#include <thread>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -85,6 +96,27 @@ __attribute__((target("avx2,fma"))) void dots_avx2(const float* __restrict x, in
   }
 }
 
+// R rows of W against one row of x, one accumulator per row (R = 8 covers the FMA latency).
+template <int R, typename W>
+__attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restrict x, const W* const* w, int64_t K,
+                                                            float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + k);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv, load8(w[r] + k), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+    h = _mm_hadd_ps(h, h);
+    h = _mm_hadd_ps(h, h);
+    float s = _mm_cvtss_f32(h);
+    for (int64_t kk = k; kk < K; ++kk) s += x[kk] * static_cast<float>(w[r][kk]);
+    out[r] = s;
+  }
+}
+
 bool has_avx2_fma() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
@@ -99,28 +131,212 @@ void dots(const float* x, int64_t ldx, const W* w, int64_t K, float* out) {
   dots_portable<MB>(x, ldx, w, K, out);
 }
 
-// y (M, N) fp32 = x (M, K) fp32 @ W.T + b, W's rows split across threads.
+// One row of x against R rows of W at once (w[r] points at row r): R independent read streams
+// keep more cache-line misses in flight than one row after another (figures at the top).
+template <int R, typename W>
+void stream_dots(const float* x, const W* const* w, int64_t K, float* out) {
+#ifdef GPT2FORGE_GEMV_AVX2
+  if (has_avx2_fma()) return stream_dots_avx2<R>(x, w, K, out);
+#endif
+  for (int r = 0; r < R; ++r) dots_portable<1>(x, K, w[r], K, out + r);
+}
+
+// The rows of W one job hands out at a time (128 rows of 768 fp32: 384 KiB), and the number of
+// read streams one x row is multiplied with.
+constexpr int64_t kChunkRows = 128;
+constexpr int kStreams = 8;
+
+// y (M, N) fp32 = x (M, K) fp32 @ W.T + b for the rows of W in one chunk.
 template <typename W>
-void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N) {
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const W* w = wp + n * K;
-    const float b = bp ? bp[n] : 0.0f;
+struct GemvJob {
+  const float* x;
+  const W* w;
+  const float* b;
+  float* y;
+  int64_t M, K, N;
+
+  static void run_chunk(const void* self, int64_t chunk) { static_cast<const GemvJob*>(self)->rows(chunk); }
+
+  void rows(int64_t chunk) const {
+    const int64_t lo = chunk * kChunkRows, hi = std::min(N, lo + kChunkRows);
+    if (M == 1) {
+      // kStreams streams, each running down its own contiguous slice of `per` rows.
+      const int64_t per = (hi - lo) / kStreams;
+      for (int64_t i = 0; i < per; ++i) {
+        const W* ws[kStreams];
+        float out[kStreams];
+        for (int s = 0; s < kStreams; ++s) ws[s] = w + (lo + s * per + i) * K;
+        stream_dots<kStreams>(x, ws, K, out);
+        for (int s = 0; s < kStreams; ++s) store(0, lo + s * per + i, out[s]);
+      }
+      for (int64_t n = lo + kStreams * per; n < hi; ++n) row(n);
+      return;
+    }
+    for (int64_t n = lo; n < hi; ++n) row(n);
+  }
+
+  // Every row of x against row n of W, 8, then 4, then 1 rows of x at a time.
+  void row(int64_t n) const {
+    const W* wn = w + n * K;
     float out[8];
     int64_t m = 0;
     for (; m + 8 <= M; m += 8) {
-      dots<8>(xp + m * K, K, w, K, out);
-      for (int i = 0; i < 8; ++i) yp[(m + i) * N + n] = out[i] + b;
+      dots<8>(x + m * K, K, wn, K, out);
+      for (int i = 0; i < 8; ++i) store(m + i, n, out[i]);
     }
     for (; m + 4 <= M; m += 4) {
-      dots<4>(xp + m * K, K, w, K, out);
-      for (int i = 0; i < 4; ++i) yp[(m + i) * N + n] = out[i] + b;
+      dots<4>(x + m * K, K, wn, K, out);
+      for (int i = 0; i < 4; ++i) store(m + i, n, out[i]);
     }
     for (; m < M; ++m) {
-      dots<1>(xp + m * K, K, w, K, out);
-      yp[m * N + n] = out[0] + b;
+      dots<1>(x + m * K, K, wn, K, out);
+      store(m, n, out[0]);
     }
   }
+
+  void store(int64_t m, int64_t n, float v) const { y[m * N + n] = v + (b ? b[n] : 0.0f); }
+};
+
+// The calling thread plus up to kMaxHelpers helper threads share a job's chunks: each takes the
+// next unclaimed chunk until none is left, and the caller returns once every claimed chunk is
+// done. A helper that is not running (another process has its core) claims nothing, so it never
+// holds the caller up; an OpenMP `parallel for` waits for every thread of its team instead, and
+// on the shared 2-core development machine that wait turned a 0.1 ms call into 8 ms. (A helper
+// descheduled while it holds a chunk still makes the caller wait: under steady load on the other
+// core one thread is faster, which Generator's thread probe finds out.) Idle helpers spin for
+// 8192 pauses, 0.2-0.5 ms (longer than the gaps between a decode step's matmuls), then sleep
+// until the next job. One job at a time: a second caller (another Python thread, or a call from
+// inside a parallel region) runs its job alone.
+class Pool {
+ public:
+  using Body = void (*)(const void* ctx, int64_t chunk);
+  static constexpr int kMaxHelpers = 63;
+
+  static Pool& get() {
+    static Pool* pool = new Pool();  // never destroyed: helpers may still be spinning at exit
+    return *pool;
+  }
+
+  // body(ctx, c) for every c in [0, chunks), on the caller and up to `threads - 1` helpers.
+  void run(Body body, const void* ctx, int64_t chunks, int threads) {
+    const int helpers = std::min(threads - 1, kMaxHelpers);
+    // (busy_ is only taken when the pool is used; a caller that finds it taken runs alone.)
+    if (helpers < 1 || chunks < 2 || busy_.exchange(true, std::memory_order_acquire)) {
+      for (int64_t c = 0; c < chunks; ++c) body(ctx, c);
+      return;
+    }
+    start_helpers(helpers);
+    const uint32_t gen = generation(word_.load(std::memory_order_relaxed)) + 1;
+    body_.store(body, std::memory_order_relaxed);
+    ctx_.store(ctx, std::memory_order_relaxed);
+    chunks_.store(chunks, std::memory_order_relaxed);
+    wanted_.store(helpers, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    word_.store(uint64_t{gen} << 32, std::memory_order_seq_cst);  // publishes the job
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      bell_.fetch_add(1, std::memory_order_release);
+      bell_.notify_all();
+    }
+    int64_t mine = 0;
+    for (uint64_t w = uint64_t{gen} << 32; claim(w, gen, chunks); w = word_.load(std::memory_order_acquire), ++mine)
+      body(ctx, index(w));
+    // Every chunk is claimed; wait for the ones a helper is still computing.
+    for (int spins = 0; done_.load(std::memory_order_acquire) + mine < chunks; ++spins) {
+      if (spins < 4096) pause();
+      else std::this_thread::yield();  // the helper may share this core
+    }
+    busy_.store(false, std::memory_order_release);
+  }
+
+ private:
+  Pool() { pthread_atfork(nullptr, nullptr, [] { get().after_fork(); }); }
+
+  static uint32_t generation(uint64_t w) { return static_cast<uint32_t>(w >> 32); }
+  static int64_t index(uint64_t w) { return static_cast<int64_t>(w & 0xffffffffu); }
+  static void pause() {
+#ifdef GPT2FORGE_GEMV_AVX2
+    _mm_pause();
+#endif
+  }
+
+  // Takes chunk index(w) of job `gen` if it is still unclaimed; w is the last word seen, updated.
+  bool claim(uint64_t& w, uint32_t gen, int64_t chunks) {
+    while (generation(w) == gen && index(w) < chunks)
+      if (word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+    return false;
+  }
+
+  void start_helpers(int helpers) {
+    for (; started_ < helpers; ++started_) std::thread([this, i = started_] { helper(i); }).detach();
+  }
+
+  void after_fork() {  // the child has this thread only
+    started_ = 0;
+    sleepers_.store(0);
+    busy_.store(false);
+  }
+
+  void helper(int i) {
+    uint32_t seen = generation(word_.load(std::memory_order_acquire));
+    for (;;) {
+      uint64_t w = next_job(seen);
+      seen = generation(w);
+      if (i >= wanted_.load(std::memory_order_relaxed)) continue;
+      // A job that ended meanwhile makes these stale, but then no claim below succeeds.
+      const Body body = body_.load(std::memory_order_relaxed);
+      const void* ctx = ctx_.load(std::memory_order_relaxed);
+      const int64_t chunks = chunks_.load(std::memory_order_relaxed);
+      for (; claim(w, seen, chunks); w = word_.load(std::memory_order_acquire)) {
+        body(ctx, index(w));
+        done_.fetch_add(1, std::memory_order_release);
+      }
+    }
+  }
+
+  // The word of the first job after generation `seen`: spin, then sleep on the bell.
+  uint64_t next_job(uint32_t seen) {
+    for (int spins = 0;; ++spins) {
+      uint64_t w = word_.load(std::memory_order_acquire);
+      if (generation(w) != seen) return w;
+      if (spins < (1 << 13)) {
+        pause();
+        continue;
+      }
+      const uint32_t ticket = bell_.load(std::memory_order_acquire);
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      if (generation(word_.load(std::memory_order_seq_cst)) == seen) bell_.wait(ticket);
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      spins = 0;
+    }
+  }
+
+  std::atomic<uint64_t> word_{0};  // generation << 32 | next unclaimed chunk
+  std::atomic<Body> body_{nullptr};
+  std::atomic<const void*> ctx_{nullptr};
+  std::atomic<int64_t> chunks_{0};
+  std::atomic<int> wanted_{0};  // helpers 0 .. wanted_ - 1 take part in the current job
+  std::atomic<int64_t> done_{0};  // chunks the helpers finished in the current job
+  std::atomic<uint32_t> bell_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> busy_{false};
+  int started_ = 0;  // helpers running (only the job's caller starts them)
+};
+
+// Threads gemv_linear runs on; 0 = torch's intra-op thread count (set by gemv_set_threads).
+std::atomic<int64_t> gemv_threads{0};
+
+int64_t gemv_set_threads(int64_t threads) {
+  TORCH_CHECK(threads >= 0, "gpt2forge::gemv_set_threads: expected a thread count >= 0 (0: torch's), got ", threads);
+  return gemv_threads.exchange(threads);
+}
+
+template <typename W>
+void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N) {
+  const GemvJob<W> job{xp, wp, bp, yp, M, K, N};
+  const int64_t set = gemv_threads.load(std::memory_order_relaxed);
+  const int threads = at::in_parallel_region() ? 1 : set > 0 ? static_cast<int>(std::min<int64_t>(set, 64))
+                                                             : at::get_num_threads();
+  Pool::get().run(&GemvJob<W>::run_chunk, &job, (N + kChunkRows - 1) / kChunkRows, threads);
 }
 
 at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -156,6 +372,8 @@ at::Tensor gemv_linear_meta(const at::Tensor& x, const at::Tensor& weight, const
 
 TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
   m.def("gemv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  // Returns the previous setting. No tensors: one kernel for every backend.
+  m.def("gemv_set_threads(int threads) -> int", &gpt2forge::gemv_set_threads);
 }
 
 TORCH_LIBRARY_IMPL(gpt2forge, CPU, m) {

@@ -2,12 +2,13 @@
 
 A decode step multiplies 1 to 8 rows (one per sequence of the batch) by every weight matrix, so
 its time is the time to read the weights (bf16 weights: half the bytes). `gemv_linear`
-(custom_ops/gemv.cpp) streams each weight once at 25-31 GB/s where BLAS reaches 12-17 GB/s on the
-2-core development machine (benchmarks/generation_latency.py has the whole-token figures). Its
-reference is F.linear: the fallback whenever the kernel does not apply (library not built, not CPU
-fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
-tests/test_custom_ops.py. On a CPU without bf16 instructions, where ATen emulates bf16 matmuls
-(~1 GFLOP/s), bf16 prefill runs on the kernel too, at any row count.
+(custom_ops/gemv.cpp) streams each weight once at 17-21 GB/s on one core and 20-24 GB/s on two,
+where BLAS reaches 12-17 GB/s, on the 2-core development machine (benchmarks/generation_latency.py
+has the whole-token figures). `gemv_threads(n)` sets how many threads it uses. Its reference is
+F.linear: the fallback whenever the kernel does not apply (library not built, not CPU fp32/bf16,
+more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of tests/ops/test_custom_ops.py.
+On a CPU without bf16 instructions, where ATen emulates bf16 matmuls (~1 GFLOP/s), bf16 prefill
+runs on the kernel too, at any row count.
 
 `with_gemv_linears(model)` gives the inference code (gpt2forge.generate.kv_cache.CachedLM) a view of the
 model whose nn.Linear layers use it, sharing every parameter: the model itself is unchanged.
@@ -15,8 +16,10 @@ model whose nn.Linear layers use it, sharing every parameter: the model itself i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +35,22 @@ GEMV_MAX_ROWS = 16
 def kernel_available() -> bool:
     """Whether the custom ops library is loaded and has `gpt2forge::gemv_linear` (one notice if not built)."""
     return custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "gemv_linear")
+
+
+@contextlib.contextmanager
+def gemv_threads(n: int) -> Iterator[None]:
+    """The kernel runs on n threads inside the block (0: torch's intra-op thread count, the
+    default), restored after; nothing to set when the kernel is not available. Unlike an OpenMP
+    region, a call never waits for a thread that has not started on it (see
+    gpt2forge.generate.generator.Generator._decoding, which sets this)."""
+    if not kernel_available() or not hasattr(torch.ops.gpt2forge, "gemv_set_threads"):
+        yield
+        return
+    before = torch.ops.gpt2forge.gemv_set_threads(n)
+    try:
+        yield
+    finally:
+        torch.ops.gpt2forge.gemv_set_threads(before)
 
 
 @functools.cache

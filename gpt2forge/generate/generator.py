@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 import torch
 
 from gpt2forge.core.runtime import synchronize
+from gpt2forge.generate.gemv import gemv_threads
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -65,11 +66,16 @@ class Generator:
         self.device = next(model.parameters()).device
         self.vocab_size = model.config.vocab_size
         self.step = self.lm
-        self.threads = torch.get_num_threads()  # used while generating; warm_up may lower it
+        self.threads = torch.get_num_threads()  # prefill's, and the decode matmuls'; warm_up may lower it
+        self._skip_guards = compile and self.device.type == "cpu"
+        self._checked_signature = None  # inputs whose guards passed (see _decode_step)
         if compile:
             # Static shapes (B, 1): one graph; on CUDA, "reduce-overhead" replays it as a CUDA graph.
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode=mode)
+            # On CPU the graph's Python wrapper runs once per token: without its ~250 size and
+            # stride asserts a GPT-2 small step is ~0.5 ms shorter.
+            cuda = self.device.type == "cuda"
+            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode="reduce-overhead" if cuda else None,
+                                      options=None if cuda else {"size_asserts": False})
 
     @property
     def batch_size(self) -> int:
@@ -88,19 +94,35 @@ class Generator:
         self.threads = self._probe_threads()
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
         pad = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
-        with num_threads(self.threads):
+        with self._decoding():
             for s in range(steps):
                 self.step(ids, torch.tensor([s], device=self.device), pad)
         return synchronize(self.device) - t0
 
-    def _probe_threads(self) -> int:
-        """The faster of 1 and all of torch's threads for an (eager) decode step, on CPU.
+    def _decoding(self, threads: int | None = None) -> contextlib.AbstractContextManager:
+        """The thread settings of a decode step: on CPU, torch's own ops on 1 thread and the
+        matmuls (gpt2forge.generate.gemv) on `threads` (default self.threads).
 
-        A decode step is a chain of ~100 small, memory-bound kernels: one thread reads memory
-        nearly as fast as two, and when other processes share the cores every multi-threaded
-        kernel waits for a descheduled worker (measured: 50 ms vs 320 ms per GPT-2 small token on
-        a loaded 2-core machine). Measured here rather than assumed; inductor bakes the thread
-        count into its kernels, so this runs before the first compiled call.
+        The step's attention, LayerNorm and GELU kernels are small: a second thread saves little
+        and every OpenMP region waits for its slowest thread, which on a shared machine may be
+        descheduled for milliseconds (measured: 31 ms vs 200-600 ms per GPT-2 small token with
+        2 threads everywhere on a loaded 2-core machine). The matmul kernel shares its work
+        without that wait. Inductor bakes torch's thread count into its kernels, so the compiled
+        step is always compiled and run inside this.
+        """
+        if self.device.type != "cpu":
+            return num_threads(self.threads)
+        stack = contextlib.ExitStack()
+        stack.enter_context(num_threads(1))
+        stack.enter_context(gemv_threads(self.threads if threads is None else threads))
+        return stack
+
+    def _probe_threads(self) -> int:
+        """The faster of 1 and all of torch's threads for the matmuls of an (eager) decode step, on CPU.
+
+        A decode step reads every weight once: one core reads memory nearly as fast as two, and
+        when other processes share the cores a second thread may not run at all. Measured here
+        rather than assumed, alternating the two settings so that a burst of load hits both.
         """
         n = torch.get_num_threads()
         if self.device.type != "cpu" or n == 1:
@@ -109,13 +131,33 @@ class Generator:
         pad = torch.zeros(self.batch_size, dtype=torch.long)
         slot = torch.zeros(1, dtype=torch.long)
         best = {}
-        for threads in (n, 1, n, 1):  # alternated, so a burst of load hits both
-            with num_threads(threads):
+        for threads in (n, 1, n, 1):
+            with self._decoding(threads):
                 for _ in range(3):
                     t0 = time.perf_counter()
                     self.lm(ids, slot, pad)
                     best[threads] = min(best.get(threads, float("inf")), time.perf_counter() - t0)
         return min(best, key=best.get)
+
+    def _decode_step(self, ids: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """self.step(ids, slots, pad); on CPU, the compiled step without dynamo's guard checks once
+        they have passed for inputs like these.
+
+        Dynamo checks ~200 guards (every parameter and cache buffer) before each call, ~0.5 ms a
+        GPT-2 small token on CPU. The step's modules never change, so what could fail a guard is the
+        inputs and the grad mode: the first call with a new input signature runs the checks (and
+        compiles if needed), later ones skip them.
+        """
+        if not self._skip_guards:
+            return self.step(ids, slots, pad)
+        signature = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+                     *((t.shape, t.stride(), t.dtype) for t in (ids, slots, pad)))
+        if signature != self._checked_signature:
+            logits = self.step(ids, slots, pad)
+            self._checked_signature = signature
+            return logits
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            return self.step(ids, slots, pad)
 
     def _prefill_inputs(self, prompts: Sequence[Sequence[int]]):
         """Left-padded ids (B, P), padding per row (B,), and the seen-token mask (B, V)."""
@@ -162,14 +204,15 @@ class Generator:
         finished = [False] * self.batch_size
         step_s: list[float] = []
 
-        with num_threads(self.threads):
+        with num_threads(self.threads):  # prefill: matmuls with P rows, worth every thread
             t0 = synchronize(self.device)
             tok = next_token(self.lm(ids, slots[:P], pad), sampling, self.vocab_size, seen, generator)  # (B,)
             prefill_s = synchronize(self.device) - t0
+        with self._decoding():
             for t in range(max_new_tokens):
                 t0 = time.perf_counter()
                 if t > 0:  # feed the previous token, in slot P + t - 1
-                    logits = self.step(tok[:, None], slots[P + t - 1:P + t], pad)
+                    logits = self._decode_step(tok[:, None], slots[P + t - 1:P + t], pad)
                     tok = next_token(logits, sampling, self.vocab_size, seen, generator)
                 row_ids = tok.tolist()  # the one host sync per step
                 for b, i in enumerate(row_ids[:n]):

@@ -3,6 +3,7 @@ stop tokens, loading errors and the text_generate_gpt2.py modes (tiny models, CP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -106,6 +107,32 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, rtol, atol):
                 torch.testing.assert_close(logits[b].float(), full.float(), rtol=rtol, atol=atol)
                 seq.append(int(feed[t, b]))
             logits = lm(feed[t][:, None], torch.tensor([P + t]), pad)
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_generates_what_the_eager_one_does_call_after_call():
+    # From the second call with the same inputs on, the CPU step skips dynamo's guard checks
+    # (Generator._decode_step): a stale cache entry would show here as different tokens.
+    model = make_model(tiny())
+    eager, compiled = Generator(model, 3, 40), Generator(model, 3, 40, compile=True)
+    compiled.warm_up()
+    for prompts in (PROMPTS, PROMPTS[1:], PROMPTS[::-1]):
+        want = eager.generate(prompts, 12, GREEDY).tokens
+        assert compiled.generate(prompts, 12, GREEDY).tokens == want
+
+
+def test_decode_steps_run_torch_on_one_thread_and_the_matmuls_on_the_generators_count(monkeypatch):
+    from gpt2forge.generate import generator as generator_module
+    set_to = []
+    monkeypatch.setattr(generator_module, "gemv_threads", lambda n: set_to.append(n) or contextlib.nullcontext())
+    gen = Generator(make_model(tiny()), 1, 20)
+    gen.threads = 3
+    before = torch.get_num_threads()
+    with gen._decoding():
+        assert torch.get_num_threads() == 1 and set_to == [3]
+    with gen._decoding(2):
+        assert set_to == [3, 2]
+    assert torch.get_num_threads() == before
 
 
 def test_training_sample_uses_the_cache_and_matches_greedy():

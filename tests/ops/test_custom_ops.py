@@ -297,6 +297,43 @@ def test_gemv_linear_bf16_weights_match_fp32_math_rounded_once(ops, rows: int):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("rows,K,N,dtype", [(1, 768, 1000, torch.float32), (1, 771, 129, torch.float32),
+                                            (1, 24, 7, torch.float32), (5, 40, 300, torch.float32),
+                                            (1, 771, 300, torch.bfloat16)])
+def test_gemv_linear_on_several_threads_matches_f_linear(ops, threads: int, rows: int, K: int, N: int,
+                                                         dtype: torch.dtype):
+    # W goes out in 128-row chunks to the caller and its helpers; one row of x reads 8 slices of a
+    # chunk at once. N = 1000: 7 full chunks and one of 104 rows (13 per slice); N = 129: a chunk
+    # of 1 row; N = 7: fewer rows than slices; K = 771 and 24 leave a tail after the 8-float steps.
+    g = torch.Generator().manual_seed(N * K + rows)
+    x, W, b = torch.randn(rows, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
+    x, W, b = x.to(dtype), W.to(dtype), b.to(dtype)
+    before = ops.gemv_set_threads(threads)
+    try:
+        ys = [ops.gemv_linear(x, W, b) for _ in range(20)]
+    finally:
+        ops.gemv_set_threads(before)
+    want = torch.nn.functional.linear(x.float(), W.float(), b.float())
+    tol = 1e-4 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(ys[0].float(), want, rtol=tol, atol=tol * (K / 64) ** 0.5)
+    for y in ys[1:]:  # every row is summed the same way whichever thread takes it: bit for bit
+        assert torch.equal(y, ys[0])
+
+
+@pytest.mark.slow
+def test_gemv_set_threads_returns_the_previous_count_and_refuses_negative_ones(ops):
+    before = ops.gemv_set_threads(3)
+    try:
+        assert ops.gemv_set_threads(2) == 3
+        with pytest.raises(RuntimeError, match="thread count >= 0"):
+            ops.gemv_set_threads(-1)
+        assert ops.gemv_set_threads(0) == 2
+    finally:
+        ops.gemv_set_threads(before)
+
+
+@pytest.mark.slow
 def test_gemv_linear_falls_back_where_the_kernel_does_not_apply(ops, monkeypatch: pytest.MonkeyPatch):
     from gpt2forge.generate import gemv
     calls = []
