@@ -18,15 +18,18 @@ load hits both alike; the median round is reported. Compilation (ours) and a war
 The floor is what memory bandwidth allows at batch 1: every weight byte is read once per token
 (weights bytes / read bandwidth). Bandwidth is measured in the same run, STREAM-like, over buffers
 far larger than the caches, with 1 thread and with all (the best kept), at the start and again at
-the end of the run: a read (sum of a 1 GiB fp32 buffer) and a triad (a = b + 3c over three 256 MiB
-buffers, 3 x 256 MiB moved). The decode target is ours at batch 1 within 1.1x the floor. bf16
-weights are half the bytes, so bf16 rows also print their time against the fp32 floor (going below
-it is the point), with an accuracy check against fp32 greedy decoding of the same weights: the
-length of the identical greedy prefix, and the bf16 argmax agreement and largest log-probability
-difference when both score the fp32 greedy sequence (teacher-forced). The check runs on trained
-weights when `--accuracy-model DIR` names a checkpoint (default: `checkpoints/mini`, what `make
-train` writes, when present), else on the random GPT-2 small weights, whose near-flat predictions
-make argmax agreement a harsh test.
+the end of the run: a read (sum of a 1 GiB fp32 buffer), a multi-stream read of the same buffer (on
+CPU when the custom ops are built: the GEMV kernel multiplying it, as a 1024-wide matrix, by one
+vector, which reads 8 rows at a time; a single sum() stream reads slower on this machine), and a
+triad (a = b + 3c over three 256 MiB buffers, 3 x 256 MiB moved). The floor takes the faster of the
+two reads, so ours is measured against the fastest read of its bytes the run saw. The decode target
+is ours at batch 1 within 1.1x the floor. bf16 weights are half the bytes, so bf16 rows also print
+their time against the fp32 floor (going below it is the point), with an accuracy check against fp32
+greedy decoding of the same weights: the length of the identical greedy prefix, and the bf16 argmax
+agreement and largest log-probability difference when both score the fp32 greedy sequence
+(teacher-forced). The check runs on trained weights when `--accuracy-model DIR` names a checkpoint
+(default: `checkpoints/mini`, what `make train` writes, when present), else on the random GPT-2
+small weights, whose near-flat predictions make argmax agreement a harsh test.
 
     .venv/bin/python benchmarks/generation_latency.py            # fp32 + bf16, batch 1 and 8
     .venv/bin/python benchmarks/generation_latency.py --quick    # fp32, batch 1, 32 tokens, 1 round
@@ -47,6 +50,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpt2forge.generate import gemv  # noqa: E402
 from gpt2forge.generate.generator import Generator, num_threads  # noqa: E402
 from gpt2forge.generate.sampling import SamplingConfig  # noqa: E402
 from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
@@ -98,20 +102,30 @@ def sync(device: torch.device) -> float:
 
 
 def bandwidth_gbs(device: torch.device) -> dict[str, float]:
-    """STREAM-like read and triad bandwidth in GB/s, best of 4 passes with 1 and with all threads."""
+    """STREAM-like read, multi-stream read (CPU, custom ops built) and triad bandwidth in GB/s,
+    best of 4 passes with 1 and with all threads; "floor" is the faster read."""
     x = torch.ones(2**28, device=device)  # 1 GiB: far larger than any cache
     a, b, c = (torch.ones(2**26, device=device) for _ in range(3))  # 256 MiB each
-    best = {"read": float("inf"), "triad": float("inf")}
+    streams = device.type == "cpu" and gemv.kernel_available() and hasattr(torch.ops.gpt2forge, "gemv_set_threads")
+    v = torch.ones(1, 1024)
+    best = {"read": float("inf"), "triad": float("inf"), "streams": float("inf")}
     for threads in sorted({1, torch.get_num_threads()}) if device.type == "cpu" else [torch.get_num_threads()]:
-        with num_threads(threads):
+        with num_threads(threads), gemv.gemv_threads(threads):
             for _ in range(4):
                 t0 = sync(device)
                 x.sum()
                 best["read"] = min(best["read"], sync(device) - t0)
+                if streams:
+                    t0 = sync(device)
+                    torch.ops.gpt2forge.gemv_linear(v, x.view(-1, 1024), None)
+                    best["streams"] = min(best["streams"], sync(device) - t0)
                 t0 = sync(device)
                 torch.add(b, c, alpha=3.0, out=a)
                 best["triad"] = min(best["triad"], sync(device) - t0)
-    return {"read": x.numel() * 4 / best["read"] / 1e9, "triad": 3 * a.numel() * 4 / best["triad"] / 1e9}
+    gbs = {key: (3 if key == "triad" else 1) * x.numel() * 4 / (4 if key == "triad" else 1) / t / 1e9
+           for key, t in best.items()}
+    gbs["floor"] = max(gbs["read"], gbs["streams"])
+    return gbs
 
 
 def weight_bytes(model: GPT2LMHeadModel, element_size: int | None = None) -> int:
@@ -233,10 +247,11 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     torch.manual_seed(0)
     start = bandwidth_gbs(device)
-    bw = start["read"]
+    bw = start["floor"]
     print(f"device {device}, torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.get_num_threads()} threads, bandwidth at the start: read {start['read']:.1f} GB/s, "
-          f"triad {start['triad']:.1f} GB/s")
+          f"multi-stream read {start['streams']:.1f} GB/s, triad {start['triad']:.1f} GB/s (floors use "
+          f"{bw:.1f} GB/s, the faster read)")
     results = []
     for precision in [] if args.accuracy_only else args.precisions:
         for B in args.batch_sizes:
@@ -281,8 +296,9 @@ def main(argv=None) -> int:
               f"{accuracy['teacher_forced_top1_agreement']:.1%} of positions, largest log-probability difference "
               f"{accuracy['max_abs_logprob_diff']}")
     end = bandwidth_gbs(device)
-    print(f"bandwidth at the end: read {end['read']:.1f} GB/s, triad {end['triad']:.1f} GB/s (floors above use "
-          f"the start's read; with the end's they would be {start['read'] / end['read']:.2f}x as long)")
+    print(f"bandwidth at the end: read {end['read']:.1f} GB/s, multi-stream read {end['streams']:.1f} GB/s, triad "
+          f"{end['triad']:.1f} GB/s (floors above use the start's faster read; with the end's they would be "
+          f"{start['floor'] / end['floor']:.2f}x as long)")
     if args.json:
         Path(args.json).write_text(json.dumps({"bandwidth_GBs": {"start": start, "end": end}, "results": results,
                                                "bf16_accuracy": accuracy},
