@@ -72,7 +72,8 @@ class KfacLayer:
         self.A: torch.Tensor | None = None  # running averages
         self.G: torch.Tensor | None = None
         self.decomposed: dict[str, torch.Tensor] = {}  # eigen: QA dA QG dG; inverse: A_inv G_inv
-        self.eigen_scale: torch.Tensor | None = None  # eigen: 1 / (dG dA^T + λ), (out, in+1)
+        self.eigen_scale: torch.Tensor | None = None  # eigen: 1 / (dG dA^T + λ), (out, in+1), padded
+        self.qa_padded: torch.Tensor | None = None  # eigen: QA padded to a multiple of 8 (see _eigen_parts)
 
     def add(self, aa: torch.Tensor, a_total: torch.Tensor, rows: int, gg: torch.Tensor) -> None:
         """One micro-batch's statistics: a^T a, sum of a over the rows, the row count and δ^T δ."""
@@ -215,7 +216,7 @@ class KfacPreconditioner:
                 work.wait()
         if self.args.kfac_compute_method == "eigen":
             for layer in self.layers:
-                layer.eigen_scale = self._eigen_scale(layer.decomposed)
+                self._eigen_parts(layer)
 
     def _decomposition(self, factor: str, f: torch.Tensor, computed: bool) -> dict[str, torch.Tensor]:
         """`factor`'s decomposition ("QA", "dA" or "A_inv"), or buffers of its shape to receive it."""
@@ -231,8 +232,18 @@ class KfacPreconditioner:
             return {factor + "_inv": f.new_empty(n, n)}
         return {factor + "_inv": torch.linalg.inv(f + self.args.kfac_damping * torch.eye(n, device=f.device))}
 
-    def _eigen_scale(self, d: dict[str, torch.Tensor]) -> torch.Tensor:
-        return 1.0 / (torch.outer(d["dG"], d["dA"]) + self.args.kfac_damping)
+    def _eigen_parts(self, layer: KfacLayer) -> None:
+        """The eigen preconditioning's operands: 1 / (dG dA^T + λ), and QA. in+1 columns (769 at
+        GPT-2 small) make every matmul with QA 1.5x slower than a multiple of 8 does here, so QA
+        is padded to blockdiag(QA, I) and the scale with ones: the gradient's padding columns are
+        zero, the preconditioned gradient's come out zero and are dropped, the rest is unchanged."""
+        d = layer.decomposed
+        n = d["QA"].shape[0]
+        pad = -n % 8
+        layer.qa_padded = torch.nn.functional.pad(d["QA"], (0, pad, 0, pad))
+        layer.qa_padded[n:, n:] = torch.eye(pad, device=d["QA"].device)
+        scale = 1.0 / (torch.outer(d["dG"], d["dA"]) + self.args.kfac_damping)
+        layer.eigen_scale = torch.nn.functional.pad(scale, (0, pad), value=1.0)
 
     def _precondition(self, lr: float) -> None:
         pairs = [(layer, g) for layer in self.layers if (g := layer.gradient()) is not None]
@@ -248,7 +259,9 @@ class KfacPreconditioner:
     def _preconditioned(self, layer: KfacLayer, g: torch.Tensor) -> torch.Tensor:
         d = layer.decomposed
         if self.args.kfac_compute_method == "eigen":
-            return d["QG"] @ ((d["QG"].T @ g @ d["QA"]) * layer.eigen_scale) @ d["QA"].T
+            n, qa = g.shape[1], layer.qa_padded
+            g = torch.nn.functional.pad(g, (0, qa.shape[0] - n))
+            return (d["QG"] @ ((d["QG"].T @ g @ qa) * layer.eigen_scale) @ qa.T)[:, :n]
         return d["G_inv"] @ g @ d["A_inv"]
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -277,7 +290,7 @@ class KfacPreconditioner:
             layer.A, layer.G = (saved[k].to(device) if k in saved else None for k in ("A", "G"))
             layer.decomposed = {k: v.to(device) for k, v in saved.items() if k not in ("A", "G")}
             if "dA" in layer.decomposed:
-                layer.eigen_scale = self._eigen_scale(layer.decomposed)
+                self._eigen_parts(layer)
         self.steps = int(state["steps"])
 
 
