@@ -25,7 +25,7 @@ TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-fi
 	--precision $(PRECISION) --torch-compile true --num-workers 0 --log-steps 20 --eval-every-steps 150 \
 	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 150 --sample-tokens 60 --sample-prompt "The module"
 
-.PHONY: all custom_ops setup train lint test test-fast fuzz bench eval-data clean distclean
+.PHONY: all custom_ops setup train lint test test-full test-fast fuzz bench eval-data clean distclean
 
 all: custom_ops
 
@@ -60,7 +60,12 @@ train: setup $(CORPUS)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# Every test but those marked heavy (see pyproject.toml): what CI runs, within its 20 minutes on 2 cores.
 test: setup lint
+	$(PY) -m pytest -q -m "not heavy"
+
+# Every test, the heavy layout and end-to-end ones included: about 25 minutes on 2 cores.
+test-full: setup lint
 	$(PY) -m pytest -q
 
 # Leaves out torchrun and end-to-end training tests (@pytest.mark.slow): about a minute on 2 cores.

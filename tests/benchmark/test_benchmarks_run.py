@@ -29,12 +29,12 @@ def test_quality_parity_runs_both_arms_on_a_tiny_model(tmp_path):
     config = json.loads((ROOT / "config" / "config_mini.json").read_text())
     config.update(n_embd=32, n_head=2, n_layer=2)
     (tmp_path / "config.json").write_text(json.dumps(config))
-    out = run(["benchmarks/quality_parity.py", "--steps", "4", "--warmup", "1", "--eval-every", "2", "--seeds", "0,1",
+    out = run(["benchmarks/quality_parity.py", "--steps", "4", "--warmup", "1", "--eval-every", "2", "--seeds", "0",
                "--val-num", "4", "--corpus", str(corpus), "--model-config", str(tmp_path / "config.json"),
                "--ours-flags", "--torch-compile false", "--wait-quiet", "0", "--json", str(tmp_path / "r.json")])
     assert "ours - trainer" in out and "Trainer's final held-out loss" in out
     result = json.loads((tmp_path / "r.json").read_text())
-    assert {(r["arm"], r["seed"]) for r in result["runs"]} == {(a, s) for a in ("ours", "trainer") for s in (0, 1)}
+    assert {(r["arm"], r["seed"]) for r in result["runs"]} == {("ours", 0), ("trainer", 0)}
     for r in result["runs"]:
         assert [s for s, _, _ in r["curve"]] == [2, 4] and all(0 < loss < 12 for _, loss, _ in r["curve"])
 
@@ -52,6 +52,7 @@ def test_generation_latency_prints_the_floor_ratio():
     assert "ours / floor:" in out and "triad" in out and "bandwidth at the end" in out
 
 
+@pytest.mark.heavy
 def test_generation_latency_checks_bf16_against_fp32_greedy():
     out = run(["benchmarks/generation_latency.py", "--model", "gpt2-test", "--precisions", "fp32,bf16", "--batch-sizes",
                "1", "--rounds", "1", "--no-compile", "--prompt-len", "8", "--new-tokens", "6", "--hf-threads", "ours",

@@ -163,7 +163,7 @@ def test_flag_contradictions_and_layer_selection():
         checkpointed_layers(4, False, [7])
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.heavy)])
 def test_activation_checkpointing_gives_same_gradients_with_dropout(compiled):
     grads = []
     for layers in ([], [0, 1]):
