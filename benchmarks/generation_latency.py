@@ -122,8 +122,8 @@ def bandwidth_gbs(device: torch.device) -> dict[str, float]:
                 t0 = sync(device)
                 torch.add(b, c, alpha=3.0, out=a)
                 best["triad"] = min(best["triad"], sync(device) - t0)
-    gbs = {key: (3 if key == "triad" else 1) * x.numel() * 4 / (4 if key == "triad" else 1) / t / 1e9
-           for key, t in best.items()}
+    moved = {"read": x.numel() * 4, "streams": x.numel() * 4, "triad": 3 * a.numel() * 4}  # bytes
+    gbs = {key: moved[key] / t / 1e9 for key, t in best.items()}
     gbs["floor"] = max(gbs["read"], gbs["streams"])
     return gbs
 
