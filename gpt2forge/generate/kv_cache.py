@@ -22,6 +22,7 @@ from torch import nn
 
 from gpt2forge.generate.gemv import with_gemv_linears
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.ops import library as custom_ops
 
 
 def attention_mask(pad: torch.Tensor, slots: torch.Tensor, S: int) -> torch.Tensor:
@@ -37,13 +38,19 @@ def attention_mask(pad: torch.Tensor, slots: torch.Tensor, S: int) -> torch.Tens
     return (causal[None] & (real[:, None, :] | (j[None, :] == i)[None]))[:, None]  # (B, 1, T, S)
 
 
+def decode_kernel_available() -> bool:
+    """Whether the custom ops library is loaded and has `gpt2forge::decode_attention`."""
+    return custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "decode_attention")
+
+
 class _LayerKV:
     """One layer's view of the cache for one call: what `model.Attention.forward` expects."""
 
-    __slots__ = ("k", "v", "slots", "mask")
+    __slots__ = ("k", "v", "slots", "mask", "pad", "kernel")
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor):
-        self.k, self.v, self.slots, self.mask = k, v, slots, mask
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                 pad: torch.Tensor, kernel: bool):
+        self.k, self.v, self.slots, self.mask, self.pad, self.kernel = k, v, slots, mask, pad, kernel
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Store k, v (B, n_head, T, hd) in this call's slots, then attend q (B, n_head, T, hd) over
@@ -51,6 +58,10 @@ class _LayerKV:
         self.k.index_copy_(2, self.slots, k)
         self.v.index_copy_(2, self.slots, v)
         keys, values = self.k, self.v
+        if self.kernel and q.shape[2] == 1:
+            # One query per row (a decode step): custom_ops/decode_attention.cpp reads only the filled
+            # slots, pad[b] .. slot, where SDPA reads and masks all S.
+            return torch.ops.gpt2forge.decode_attention(q, keys, values, self.pad, self.slots, scale)
         if q.device.type == "cpu" and q.dtype != torch.float32:
             # CPU SDPA in bf16 took 235 us per decode call vs 58 us in fp32 (GPT-2 small, S = 192):
             # converting this layer's small cache costs less than that.
@@ -76,6 +87,9 @@ class CachedLM(nn.Module):
         dtype = dtype or param.dtype
         self.model = with_gemv_linears(model)  # the same weights; decode-sized matmuls on the gemv kernel
         self.max_len = max_len
+        # The decode kernel: CPU fp32/bf16 caches (with_gemv_linears's conditions, and the op built).
+        self.decode_kernel = (param.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+                              and decode_kernel_available())
         shape = (batch_size, cfg.n_head, max_len, cfg.head_dim)
         # Separate buffers per layer (not one 5-D tensor): an in-place write to a view of a shared
         # base would make torch.compile rebuild the whole base every step.
@@ -88,9 +102,10 @@ class CachedLM(nn.Module):
         return self.k0.shape[0]
 
     def forward(self, ids: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        mask = attention_mask(pad, slots, self.max_len)
+        one_query = self.decode_kernel and ids.shape[1] == 1  # the decode kernel needs no mask
+        mask = None if one_query else attention_mask(pad, slots, self.max_len)
         position_ids = (slots[None, :] - pad[:, None]).clamp(min=0)  # (B, T)
-        layers = [_LayerKV(getattr(self, f"k{i}"), getattr(self, f"v{i}"), slots, mask)
+        layers = [_LayerKV(getattr(self, f"k{i}"), getattr(self, f"v{i}"), slots, mask, pad, self.decode_kernel)
                   for i in range(self.model.config.n_layer)]
         hidden = self.model.transformer(ids, position_ids, layers)  # (B, T, C)
         return self.model.logits(hidden[:, -1])  # (B, padded_vocab)

@@ -365,3 +365,82 @@ def test_with_gemv_linears_shares_weights_and_leaves_the_model_alone(ops):
         step = torch.compile(lambda i: view.logits(view.transformer(i)), fullgraph=True)
         torch.testing.assert_close(step(ids), model.eval().logits(model.transformer(ids)), rtol=1e-5, atol=1e-5)
     assert with_gemv_linears(model.half()) is model  # fp16: nothing to swap
+
+
+def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pad: torch.Tensor, slot: int,
+                 scale: float) -> torch.Tensor:
+    """The reference: SDPA over every slot under the cache's mask, in fp32."""
+    from gpt2forge.generate.kv_cache import attention_mask
+    mask = attention_mask(pad, torch.tensor([slot]), k.shape[2])
+    return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                            scale=scale)
+
+
+@pytest.mark.parametrize("slot", [0, 5, 23])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_matches_masked_sdpa(ops, slot: int, threads: int):
+    # Rows with 0, 3 and 9 padding slots: at slot 5 the last row's query is padding (attends to itself).
+    B, H, S, D = 3, 4, 24, 20  # D not a multiple of 8: the dot's tail
+    g = torch.Generator().manual_seed(slot)
+    q, k, v = (torch.randn(B, H, n, D, generator=g) for n in (1, S, S))
+    k[:, :, slot + 1:] = float("nan")  # slots not written yet must never be read
+    v[:, :, slot + 1:] = float("nan")
+    pad = torch.tensor([0, 3, 9])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = ops.decode_attention(q, k, v, pad, torch.tensor([slot]), 0.3)
+    finally:
+        torch.set_num_threads(before)
+    assert out.shape == (B, H, 1, D) and out.dtype == torch.float32
+    torch.testing.assert_close(out, _masked_sdpa(q, k.nan_to_num(), v.nan_to_num(), pad, slot, 0.3),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_bf16_is_fp32_math_rounded_once(ops):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, n, 64, generator=g).bfloat16() for n in (1, 16, 16))
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a non-contiguous query, as the model's split makes
+    pad = torch.tensor([2, 0])
+    out = ops.decode_attention(q, k, v, pad, torch.tensor([11]), 0.125)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, _masked_sdpa(q, k, v, pad, 11, 0.125).bfloat16(), rtol=0, atol=0.008)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("slot", "slot 8 outside the cache's 8 slots"),
+    ("shape", "expected q"),
+    ("dtype", "all float32 or all bfloat16"),
+    ("pad", "negative padding"),
+])
+def test_decode_attention_refuses_bad_arguments(ops, case: str, match: str):
+    q, k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    pad, slot = torch.tensor([0]), torch.tensor([3])
+    if case == "slot":
+        slot = torch.tensor([8])
+    elif case == "shape":
+        q = torch.randn(1, 2, 2, 4)
+    elif case == "dtype":
+        q = q.double()
+    else:
+        pad = torch.tensor([-1])
+    with pytest.raises(RuntimeError, match=match):
+        ops.decode_attention(q, k, v, pad, slot, 1.0)
+
+
+def test_cached_lm_runs_the_decode_kernel_for_one_query_only(ops, monkeypatch: pytest.MonkeyPatch):
+    from gpt2forge.generate.kv_cache import CachedLM
+    from gpt2forge.model.config import ModelConfig
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
+    model = GPT2LMHeadModel(ModelConfig(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=2)).eval()
+    calls = []
+    kernel = ops.decode_attention
+    monkeypatch.setattr(torch.ops.gpt2forge, "decode_attention", lambda *a: calls.append(1) or kernel(*a))
+    lm = CachedLM(model, batch_size=2, max_len=16)
+    pad = torch.tensor([0, 2])
+    with torch.no_grad():
+        lm(torch.randint(0, 96, (2, 4)), torch.arange(4), pad)  # prefill: SDPA
+        assert calls == []
+        lm(torch.randint(0, 96, (2, 1)), torch.tensor([4]), pad)
+    assert calls == [1, 1]  # one per layer
+    assert not CachedLM(model.double(), batch_size=1, max_len=8).decode_kernel  # fp64: SDPA

@@ -1,0 +1,138 @@
+// gpt2forge::decode_attention: one query per (row, head) attending over the filled slots of a KV cache.
+//
+// A decode step's attention reads the cache: at GPT-2 small, B=1, 192 slots, that is 14 MB per token
+// over the 12 layers, next to 498 MB of weights. SDPA under the cache's (B, 1, 1, S) mask reads and
+// scores every slot, the ones not written yet included, and its bookkeeping per call costs more than
+// the arithmetic: 2.25 ms of a 20.6 ms token in the profile of benchmarks/generation_latency.py's
+// shape. This kernel reads only slots pad[b] .. slot of each row (the query in `slot` attends to the
+// row's real tokens up to itself, as gpt2forge.generate.kv_cache.attention_mask says; a padding
+// query, slot < pad[b], attends to itself alone), each key and value once, in slot order.
+//
+// q (B, H, 1, D); k_cache, v_cache (B, H, S, D), contiguous, the new key and value already stored
+// in `slot`; pad (B,) int64; slot a one-element int64 tensor (a tensor, so that a compiled decode step
+// takes it as an input); scale multiplies q.k. fp32 or bf16 (bf16 widened to fp32 in registers; the
+// sums in fp32, the result rounded to q's dtype). Returns (B, H, 1, D), contiguous. The reference is
+// F.scaled_dot_product_attention under that mask (tests/ops/test_custom_ops.py); the softmax is
+// taken with the same max subtraction, so the two agree to fp32 rounding. (row, head) pairs are
+// shared with at::parallel_for: a decode step runs torch's ops on one thread, so it is usually one.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace gpt2forge {
+namespace {
+
+// dot(q, k[0 .. D]) in 8 lanes (sums in a fixed order: the compiler vectorizes it without -ffast-math).
+template <typename T>
+float dot(const float* q, const T* k, int64_t D) {
+  float lane[8] = {};
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int l = 0; l < 8; ++l) lane[l] += q[d + l] * static_cast<float>(k[d + l]);
+  float s = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  for (; d < D; ++d) s += q[d] * static_cast<float>(k[d]);
+  return s;
+}
+
+template <typename T>
+void attend_one(const float* q, const T* k, const T* v, int64_t lo, int64_t hi, int64_t D, float scale,
+                float* scores, float* acc, T* out) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = lo; j <= hi; ++j) {
+    const float s = dot(q, k + j * D, D) * scale;
+    scores[j - lo] = s;
+    top = std::max(top, s);
+  }
+  std::fill(acc, acc + D, 0.0f);
+  float total = 0.0f;
+  for (int64_t j = lo; j <= hi; ++j) {
+    const float p = std::exp(scores[j - lo] - top);
+    total += p;
+    const T* vj = v + j * D;
+    for (int64_t d = 0; d < D; ++d) acc[d] += p * static_cast<float>(vj[d]);
+  }
+  const float inv = 1.0f / total;
+  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(acc[d] * inv);
+}
+
+template <typename T>
+void attend_all(const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, const int64_t* pad, int64_t slot,
+                float scale, at::Tensor& out) {
+  const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
+  const float* qp = qf.const_data_ptr<float>();
+  const T* kp = k.const_data_ptr<T>();
+  const T* vp = v.const_data_ptr<T>();
+  T* op = out.mutable_data_ptr<T>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(slot + 1)), acc(static_cast<size_t>(D));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H;
+      const int64_t lo = pad[b] <= slot ? pad[b] : slot;  // a padding query attends to itself
+      attend_one<T>(qp + bh * D, kp + bh * S * D, vp + bh * S * D, lo, slot, D, scale, scores.data(), acc.data(),
+                    op + bh * D);
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& pad, const at::Tensor& slot, double scale) {
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "gpt2forge::decode_attention: expected k_cache and v_cache (B, H, S, D) of one shape, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  const int64_t B = k_cache.size(0), H = k_cache.size(1), S = k_cache.size(2), D = k_cache.size(3);
+  TORCH_CHECK(q.dim() == 4 && q.size(0) == B && q.size(1) == H && q.size(2) == 1 && q.size(3) == D,
+              "gpt2forge::decode_attention: expected q (", B, ", ", H, ", 1, ", D, "), got ", q.sizes());
+  const auto dtype = k_cache.scalar_type();
+  TORCH_CHECK((dtype == at::kFloat || dtype == at::kBFloat16) && q.scalar_type() == dtype &&
+                  v_cache.scalar_type() == dtype,
+              "gpt2forge::decode_attention: expected q and the caches all float32 or all bfloat16");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "gpt2forge::decode_attention: expected contiguous caches");
+  TORCH_CHECK(pad.scalar_type() == at::kLong && pad.numel() == B && slot.scalar_type() == at::kLong &&
+                  slot.numel() == 1,
+              "gpt2forge::decode_attention: expected pad (B,) and slot (1,) int64");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
+                  pad.device().is_cpu() && slot.device().is_cpu(),
+              "gpt2forge::decode_attention: expected CPU tensors");
+  const int64_t i = slot.item<int64_t>();
+  TORCH_CHECK(0 <= i && i < S, "gpt2forge::decode_attention: slot ", i, " outside the cache's ", S, " slots");
+  const at::Tensor padc = pad.contiguous();
+  const int64_t* pp = padc.const_data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    TORCH_CHECK(pp[b] >= 0, "gpt2forge::decode_attention: negative padding ", pp[b], " in row ", b);
+  const at::Tensor qf = q.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({B, H, 1, D}, k_cache.options());
+  if (dtype == at::kFloat)
+    attend_all<float>(qf, k_cache, v_cache, pp, i, static_cast<float>(scale), out);
+  else
+    attend_all<c10::BFloat16>(qf, k_cache, v_cache, pp, i, static_cast<float>(scale), out);
+  return out;
+}
+
+at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, double) {
+  return at::empty({k_cache.size(0), k_cache.size(1), 1, k_cache.size(3)}, q.options());
+}
+
+}  // namespace
+}  // namespace gpt2forge
+
+TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor pad, Tensor slot, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(gpt2forge, CPU, m) {
+  m.impl("decode_attention", &gpt2forge::decode_attention);
+}
+
+TORCH_LIBRARY_IMPL(gpt2forge, Meta, m) {
+  m.impl("decode_attention", &gpt2forge::decode_attention_meta);
+}
