@@ -13,13 +13,16 @@
 // takes it as an input); scale multiplies q.k. fp32 or bf16 (bf16 widened to fp32 in registers; the
 // sums in fp32, the result rounded to q's dtype). Returns (B, H, 1, D), contiguous. The reference is
 // F.scaled_dot_product_attention under that mask (tests/ops/test_custom_ops.py); the softmax is
-// taken with the same max subtraction, so the two agree to fp32 rounding. (row, head) pairs are
-// shared with at::parallel_for: a decode step runs torch's ops on one thread, so it is usually one.
+// taken with the same max subtraction, so the two agree to fp32 rounding. The (row, head) pairs are
+// shared by the threads of the matmul kernel's pool (pool.h; gpt2forge::gemv_set_threads sets how
+// many), not torch's: a decode step runs torch's ops on one thread, and the pool never waits for a
+// thread that has not started.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+
+#include "pool.h"
 
 #include <algorithm>
 #include <cmath>
@@ -64,22 +67,34 @@ void attend_one(const float* q, const T* k, const T* v, int64_t lo, int64_t hi, 
 }
 
 template <typename T>
+struct AttendJob {
+  const float* q;
+  const T *k, *v;
+  const int64_t* pad;
+  int64_t H, S, D, slot;
+  float scale;
+  float* work;  // per (row, head): slot + 1 scores, then D sums
+  T* out;
+
+  static void run_one(const void* self, int64_t bh) { static_cast<const AttendJob*>(self)->one(bh); }
+
+  void one(int64_t bh) const {
+    const int64_t b = bh / H;
+    const int64_t lo = pad[b] <= slot ? pad[b] : slot;  // a padding query attends to itself
+    float* scores = work + bh * (slot + 1 + D);
+    attend_one<T>(q + bh * D, k + bh * S * D, v + bh * S * D, lo, slot, D, scale, scores, scores + slot + 1,
+                  out + bh * D);
+  }
+};
+
+template <typename T>
 void attend_all(const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, const int64_t* pad, int64_t slot,
                 float scale, at::Tensor& out) {
   const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
-  const float* qp = qf.const_data_ptr<float>();
-  const T* kp = k.const_data_ptr<T>();
-  const T* vp = v.const_data_ptr<T>();
-  T* op = out.mutable_data_ptr<T>();
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(slot + 1)), acc(static_cast<size_t>(D));
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H;
-      const int64_t lo = pad[b] <= slot ? pad[b] : slot;  // a padding query attends to itself
-      attend_one<T>(qp + bh * D, kp + bh * S * D, vp + bh * S * D, lo, slot, D, scale, scores.data(), acc.data(),
-                    op + bh * D);
-    }
-  });
+  std::vector<float> work(static_cast<size_t>(B * H * (slot + 1 + D)));
+  const AttendJob<T> job{qf.const_data_ptr<float>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), pad, H, S, D,
+                         slot, scale, work.data(), out.mutable_data_ptr<T>()};
+  Pool::get().run(&AttendJob<T>::run_one, &job, B * H, pool_threads());
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
