@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import glob
 import itertools
-import json
 import multiprocessing as mp
 import os
 import time
@@ -36,6 +35,7 @@ import numpy as np
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.json_lines import json_object, string_field
 from gpt2forge.data import completion, mmap
 from gpt2forge.data.contract import DataRequest, DatasetSplit
 from gpt2forge.data.indexed import IndexedWriter, best_dtype
@@ -125,11 +125,8 @@ def _init(tokenizer: str | None, job: dict) -> None:
 
 
 def _field(obj: dict, key: str, where: str, fix: str) -> str:
-    if key not in obj:
-        fields = ", ".join(map(str, obj)) or "none"
-        raise UsageError(f"{where}: no {key!r} field (fields: {fields}); {fix}")
-    if not isinstance(obj[key], str):
-        raise UsageError(f"{where}: the {key!r} field is a JSON {type(obj[key]).__name__}, not a string; {fix}")
+    if problem := string_field(obj, key):
+        raise UsageError(f"{where}: {problem}; {fix}")
     return obj[key]
 
 
@@ -142,19 +139,11 @@ def parse_line(raw: bytes, where: str, json_key: str, completion: bool) -> str |
     """
     if not raw.strip():
         return None
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{where}: invalid UTF-8 at byte {exc.start} of the line; re-encode the file as "
-                         "UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
-    try:
-        obj = json.loads(line.lstrip("\ufeff"))  # a byte-order mark, as json.loads(bytes) accepts it
-    except ValueError as exc:
-        raise UsageError(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)} at column "
-                         f"{getattr(exc, 'colno', '?')}); --dataset jsonl reads one JSON object per line") from None
-    if not isinstance(obj, dict):
-        raise UsageError(f"{where}: a JSON {type(obj).__name__}, not an object; --dataset jsonl reads one "
-                         "JSON object per line")
+    problem, obj = json_object(raw)
+    if problem.startswith("invalid UTF-8"):
+        raise UsageError(f"{where}: {problem}; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    if problem:
+        raise UsageError(f"{where}: {problem}; --dataset jsonl reads one JSON object per line")
     if completion:
         fix = ('--loss-on completion reads records {"prompt": ..., "completion": ...}: rename the fields, '
                "or drop --loss-on completion to train on every token")

@@ -3,7 +3,6 @@ prefix, or LAMBADA's JSON lines. Every problem is a UsageError naming the file."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 
 from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.json_lines import json_object, string_field
 from gpt2forge.data.indexed import IndexedDataset
 from gpt2forge.evaluation.detokenizer import get_detokenizer
 from gpt2forge.evaluation.protocol import count_original_tokens
@@ -41,14 +41,11 @@ def read_json_lines(path: Path, key: str, flag: str) -> list[str]:
     for n, line in enumerate(read_text(path, flag).splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)[key]
-        except (json.JSONDecodeError, TypeError, KeyError):
-            raise UsageError(f"{flag} {path}: line {n} is not a JSON object with a {key!r} string; "
-                             "expected one {\"" + key + "\": ...} per line") from None
-        if not isinstance(value, str):
-            raise UsageError(f"{flag} {path}: line {n}: {key!r} is not a string")
-        texts.append(value)
+        problem, obj = json_object(line)
+        if problem := problem or string_field(obj, key):
+            raise UsageError(f"{flag} {path}: line {n}: {problem}; expected one JSON object "
+                             "{\"" + key + "\": \"...\"} per line")
+        texts.append(obj[key])
     if not texts:
         raise UsageError(f"{flag} {path}: no examples in the file")
     return texts

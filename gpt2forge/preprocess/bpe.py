@@ -9,7 +9,6 @@ pre-tokenizer regex without a prefix space, and `<|endoftext|>` as the end-of-do
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from gpt2forge.core.errors import UsageError, collect
+from gpt2forge.core.json_lines import json_object, string_field
 from gpt2forge.text.tokenizer import HF_FILE, HFTokenizer, load_tokenizer
 from gpt2forge.text.vocab import EOT_TOKEN
 
@@ -52,11 +52,11 @@ def iter_texts(paths: list[Path], json_key: str | None, bar: tqdm) -> Iterator[s
                 if not as_json:
                     yield line
                     continue
-                try:
-                    yield str(json.loads(line)[json_key])
-                except (ValueError, KeyError, TypeError):
-                    raise UsageError(f"{path}:{n}: not a JSON object with a {json_key!r} field; "
-                                     f"fix --json-key") from None
+                problem, obj = json_object(line)
+                if problem := problem or string_field(obj, json_key):
+                    raise UsageError(f"{path}:{n}: {problem}; the input must be loose JSON, one object per "
+                                     "line, its text in the --json-key field")
+                yield obj[json_key]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,6 @@ results come back in input order, so the output does not depend on the number of
 from __future__ import annotations
 
 import itertools
-import json
 import multiprocessing as mp
 import time
 from collections import deque
@@ -23,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.json_lines import json_object, string_field
 from gpt2forge.text.tokenizer import load_bpe_files, load_tokenizer, worker_environment
 
 
@@ -108,14 +108,11 @@ def _texts(chunk: Chunk, json_key: str | None, source: str) -> list[str | list[s
         if not line.strip():  # a blank line is no record (left out, counted as skipped)
             texts.append(None)
             continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"{source}:{n}: not a JSON object ({exc}); the input must be loose "
-                             f"JSON, one object per line") from None
-        if not isinstance(obj, dict) or json_key not in obj:
-            raise UsageError(f"{source}:{n}: no {json_key!r} field; pick the text field with "
-                             f"--json-key") from None
+        problem, obj = json_object(line)
+        if problem:
+            raise UsageError(f"{source}:{n}: {problem}; the input must be loose JSON, one object per line")
+        if json_key not in obj:
+            raise UsageError(f"{source}:{n}: {string_field(obj, json_key)}; pick the text field with --json-key")
         value = obj[json_key]
         if isinstance(value, list):
             if not all(isinstance(v, str) for v in value):

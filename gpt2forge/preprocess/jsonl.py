@@ -29,6 +29,7 @@ from typing import IO
 
 from gpt2forge.core.atomic import fsync_path, write_atomic
 from gpt2forge.core.errors import UsageError, naming
+from gpt2forge.core.json_lines import json_object, string_field
 
 KEY_FIELDS = ("url", "id")
 """Fields that name a document, first present wins; else its line number."""
@@ -50,22 +51,12 @@ class Document:
 
 def _problem(raw: bytes, text_key: str) -> tuple[str, dict | None]:
     """(what is wrong with the line, or ""; the parsed object when nothing is)."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"invalid UTF-8 at byte {exc.start} of the line", None
-    try:
-        obj = json.loads(line)
-    except ValueError as exc:
-        return f"not valid JSON ({exc.msg} at column {exc.colno})", None
-    if not isinstance(obj, dict):
-        return f"a JSON {type(obj).__name__}, not an object", None
-    if text_key not in obj:
-        fields = ", ".join(map(str, obj)) or "none"
-        return f"no {text_key!r} field (fields: {fields}); choose it with --text-key", None
-    if not isinstance(obj[text_key], str):
-        return f"the {text_key!r} field is a {type(obj[text_key]).__name__}, not a string", None
-    return "", obj
+    problem, obj = json_object(raw)
+    if not problem and (problem := string_field(obj, text_key)):
+        if text_key not in obj:
+            problem += "; choose it with --text-key"
+        return problem, None
+    return problem, obj
 
 
 def read_documents(path: str | Path, text_key: str = "text", key_fields: tuple[str, ...] = KEY_FIELDS,

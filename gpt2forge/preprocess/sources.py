@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from gpt2forge.core.atomic import fsync_path
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.json_lines import json_object, string_field
 
 
 def extracted_files(folder: Path) -> list[Path]:
@@ -41,11 +42,14 @@ def iter_extracted(path: Path) -> Iterator[tuple[str, int]]:
     with open(path, encoding="utf-8", errors="replace") as f:
         body: list[str] | None = None
         nbytes = 0
-        for line in f:
+        for n, line in enumerate(f, start=1):
             nbytes += len(line)
             if line.startswith("{"):  # --json output: one article per line
-                text = json.loads(line).get("text", "")
-                yield text, nbytes
+                problem, obj = json_object(line)
+                if problem := problem or string_field(obj, "text"):
+                    raise UsageError(f"{path}:{n}: {problem}; expected WikiExtractor's output (<doc> blocks, "
+                                     "or with --json one {\"text\": ...} object per line)")
+                yield obj["text"], nbytes
                 nbytes = 0
             elif line.startswith("<doc"):
                 body = []

@@ -311,7 +311,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
          "--overlapping-eval"),
         (wiki_main, ["--valid-data", str(data), "--seq-length", "65"], "n_positions"),
         (wiki_main, ["--valid-data", str(tmp_path / "missing.txt")], "file not found"),
-        (lambada_main, ["--valid-data", str(data)], "not a JSON object"),
+        (lambada_main, ["--valid-data", str(data)], "line 1: not valid JSON"),
     ]
     for fn, args, needle in cases:
         assert fn(base + args) == 2

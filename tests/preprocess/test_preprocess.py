@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype
@@ -173,7 +174,7 @@ def test_resumable_and_interrupted_runs(tmp_path, capsys):
     # A run that dies half-way (bad line 6 after 5 good ones) leaves no output and no temp files.
     bad = tmp_path / "bad.jsonl"
     bad.write_text(src.read_text() + "\n{not json\n")  # line 7, after a blank line 6
-    with pytest.raises(UsageError, match=r"bad.jsonl:7: not a JSON object"):
+    with pytest.raises(UsageError, match=r"bad.jsonl:7: not valid JSON"):
         megatron.preprocess_data(_args(input=bad, prefix=tmp_path / "b", extra=["--workers", "2"]))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "bad.jsonl", "c.jsonl", "r_text_document.bin", "r_text_document.idx"]
@@ -432,3 +433,17 @@ def test_same_corpus_same_tokens_in_every_format(tmp_path):
         records = sorted(r["input_ids"].tolist() for i in range(2) for r in tfrecord_loader(
             str(tmp_path / name / f"data_{i}.tfrecord"), None, ["input_ids"]))
         assert records == from_mmap
+
+
+def test_bad_json_lines_name_file_and_line_in_the_tokenizer_trainer_and_the_wikipedia_reader(tmp_path):
+    from gpt2forge.preprocess.bpe import iter_texts
+    from gpt2forge.preprocess.sources import iter_extracted
+
+    bad = tmp_path / "c.jsonl"
+    bad.write_text('{"text": "fine"}\n\n{"body": "no text"}\n')
+    with pytest.raises(UsageError, match=r"c\.jsonl:3: no 'text' field \(fields: body\); .*--json-key"):
+        list(iter_texts([bad], "text", tqdm(disable=True)))
+    wiki = tmp_path / "wiki_00"
+    wiki.write_text('{"id": "1", "text": "an article"}\n{"id": "2", "text": 7}\n')
+    with pytest.raises(UsageError, match=r"wiki_00:2: the 'text' field is a JSON int, not a string"):
+        list(iter_extracted(wiki))
