@@ -23,15 +23,16 @@ CPU when the custom ops are built: the GEMV kernel multiplying it, as a 1024-wid
 vector, which reads 8 rows at a time; a single sum() stream reads slower on this machine), and a
 triad (a = b + 3c over three 256 MiB buffers, 3 x 256 MiB moved). The floor takes the faster of the
 two reads, so ours is measured against the fastest read of its bytes the run saw. The machine's
-bandwidth drifts within a run (36 GB/s at the start and 29 at the end of one), so batch-1 rounds also
-measure the two reads (best of 2 passes) right after each round and print ours against that round's
-floor, the median over rounds. The decode target is ours at batch 1 within 1.1x the floor. bf16 weights are half the bytes, so bf16 rows also print
-their time against the fp32 floor (going below it is the point), with an accuracy check against fp32
-greedy decoding of the same weights: the length of the identical greedy prefix, and the bf16 argmax
-agreement and largest log-probability difference when both score the fp32 greedy sequence
-(teacher-forced). The check runs on trained weights when `--accuracy-model DIR` names a checkpoint
-(default: `checkpoints/mini`, what `make train` writes, when present), else on the random GPT-2
-small weights, whose near-flat predictions make argmax agreement a harsh test.
+bandwidth drifts within a run (36 GB/s at the start and 29 at the end of one), so batch-1 rounds
+also measure the two reads (best of 2 passes) right after each round and print ours against that
+round's floor, the median over rounds. The decode target is ours at batch 1 within 1.1x the floor.
+bf16 weights are half the bytes, so bf16 rows also print their time against the fp32 floor (going
+below it is the point), with an accuracy check against fp32 greedy decoding of the same weights: the
+length of the identical greedy prefix, and the bf16 argmax agreement and largest log-probability
+difference when both score the fp32 greedy sequence (teacher-forced). The check runs on trained
+weights when `--accuracy-model DIR` names a checkpoint (default: `checkpoints/mini`, what `make
+train` writes, when present), else on the random GPT-2 small weights, whose near-flat predictions
+make argmax agreement a harsh test.
 
     .venv/bin/python benchmarks/generation_latency.py            # fp32 + bf16, batch 1 and 8
     .venv/bin/python benchmarks/generation_latency.py --quick    # fp32, batch 1, 32 tokens, 1 round
