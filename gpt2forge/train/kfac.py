@@ -55,6 +55,7 @@ from gpt2forge.parallel.strategy import Strategy
 from gpt2forge.train.config import KfacArgs
 
 DEFAULT_SKIP = ("wte", "wpe", "lm_head")
+"""--kfac-skip-layers' default: the embeddings and the LM head (tied to wte)."""
 
 GRAM_BLOCK = 768
 """Width of the column blocks `gram` multiplies; a factor at least twice as wide is computed by blocks."""
@@ -77,7 +78,6 @@ def gram(x: torch.Tensor) -> torch.Tensor:
             if lo2 != lo:
                 out[lo2:hi2, lo:hi] = block.T
     return out
-"""--kfac-skip-layers' default: the embeddings and the LM head (tied to wte)."""
 
 
 class KfacLayer:
