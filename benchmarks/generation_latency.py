@@ -60,6 +60,7 @@ from gpt2forge.model.checkpoint import to_hf_state_dict  # noqa: E402
 from gpt2forge.model.config import ModelConfig  # noqa: E402
 from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
 from gpt2forge.model.pretrained import load_pretrained  # noqa: E402
+from gpt2forge.ops import library as custom_ops  # noqa: E402
 
 DEFAULT_ACCURACY_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "mini"
 ACCURACY_PROMPT = "The module provides functions for"
@@ -109,7 +110,7 @@ def bandwidth_gbs(device: torch.device, passes: int = 4, triad: bool = True) -> 
     best of `passes` passes with 1 and with all threads; "floor" is the faster read."""
     x = torch.ones(2**28, device=device)  # 1 GiB: far larger than any cache
     a, b, c = (torch.ones(2**26 if triad else 1, device=device) for _ in range(3))  # 256 MiB each
-    streams = device.type == "cpu" and gemv.kernel_available() and hasattr(torch.ops.gpt2forge, "gemv_set_threads")
+    streams = device.type == "cpu" and custom_ops.has_op("gemv_set_threads")
     v = torch.ones(1, 1024)
     best = {"read": float("inf"), "triad": float("inf"), "streams": float("inf")}
     for threads in sorted({1, torch.get_num_threads()}) if device.type == "cpu" else [torch.get_num_threads()]:
@@ -241,9 +242,9 @@ def measure(args, precision: str, B: int, device: torch.device) -> dict:
         out[name] = {"ms_per_token": round(per_token * 1e3, 2), "new_tokens_per_s": round(B * N / full, 1)}
     if floors:  # ours against the floor measured right after the same round, median over rounds
         seconds_per_token = [(full - one) / (N - 1) for full, one in rounds["ours"]]
+        floor_s = [weight_bytes(ours) / (f * 1e9) for f in floors]
         out["round_floor_GBs"] = [round(f, 1) for f in floors]
-        out["round_floor_ratio"] = round(statistics.median(
-            t / (weight_bytes(ours) / (f * 1e9)) for t, f in zip(seconds_per_token, floors)), 2)
+        out["round_floor_ratio"] = round(statistics.median(t / f for t, f in zip(seconds_per_token, floor_s)), 2)
     hf_runs = [k for k in out if k.startswith("transformers@")]
     best = min(hf_runs, key=lambda k: out[k]["ms_per_token"])
     out["transformers"] = {**out[best], "threads": int(best.split("@")[1])}

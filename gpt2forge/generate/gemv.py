@@ -34,7 +34,7 @@ GEMV_MAX_ROWS = 16
 
 def kernel_available() -> bool:
     """Whether the custom ops library is loaded and has `gpt2forge::gemv_linear` (one notice if not built)."""
-    return custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "gemv_linear")
+    return custom_ops.has_op("gemv_linear")
 
 
 @contextlib.contextmanager
@@ -43,7 +43,7 @@ def gemv_threads(n: int) -> Iterator[None]:
     default), restored after; nothing to set when the kernel is not available. Unlike an OpenMP
     region, a call never waits for a thread that has not started on it (see
     gpt2forge.generate.generator.Generator._decoding, which sets this)."""
-    if not kernel_available() or not hasattr(torch.ops.gpt2forge, "gemv_set_threads"):
+    if not custom_ops.has_op("gemv_set_threads"):
         yield
         return
     before = torch.ops.gpt2forge.gemv_set_threads(n)

@@ -38,11 +38,6 @@ def attention_mask(pad: torch.Tensor, slots: torch.Tensor, S: int) -> torch.Tens
     return (causal[None] & (real[:, None, :] | (j[None, :] == i)[None]))[:, None]  # (B, 1, T, S)
 
 
-def decode_kernel_available() -> bool:
-    """Whether the custom ops library is loaded and has `gpt2forge::decode_attention`."""
-    return custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "decode_attention")
-
-
 class _LayerKV:
     """One layer's view of the cache for one call: what `model.Attention.forward` expects."""
 
@@ -89,7 +84,7 @@ class CachedLM(nn.Module):
         self.max_len = max_len
         # The decode kernel: CPU fp32/bf16 caches (with_gemv_linears's conditions, and the op built).
         self.decode_kernel = (param.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-                              and decode_kernel_available())
+                              and custom_ops.has_op("decode_attention"))
         shape = (batch_size, cfg.n_head, max_len, cfg.head_dim)
         # Separate buffers per layer (not one 5-D tensor): an in-place write to a view of a shared
         # base would make torch.compile rebuild the whole base every step.

@@ -74,6 +74,12 @@ def load_custom_ops() -> bool:
     return True
 
 
+def has_op(name: str) -> bool:
+    """Whether the library is loaded (load_custom_ops) and registers `torch.ops.gpt2forge.<name>`:
+    a library built from older sources may lack a newer op."""
+    return load_custom_ops() and hasattr(torch.ops.gpt2forge, name)
+
+
 def build_info() -> str | None:
     """How the loaded library was built (compiler, OpenMP, CUDA, torch); None if not loaded."""
     return torch.ops.gpt2forge.build_info() if load_custom_ops() else None

@@ -174,7 +174,7 @@ def _xent_rows_fn(device: torch.device):
 
 
 def _use_kernel(hidden: torch.Tensor) -> bool:
-    return hidden.device.type == "cpu" and custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "lm_head_ce")
+    return hidden.device.type == "cpu" and custom_ops.has_op("lm_head_ce")
 
 
 @torch.library.custom_op("gpt2forge_py::fused_lm_head_ce", mutates_args=())
