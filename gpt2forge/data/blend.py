@@ -35,10 +35,13 @@ from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.data.contract import DataRequest
 from gpt2forge.data.indexed import save_npy_atomic
+from gpt2forge.ops.library import has_op
 
 SURPLUS = 0.005
 """Megatron-Core's ``mid_level_dataset_surplus``: each corpus builds 0.5% more samples than it is asked."""
 BLEND_MAPS = ("dataset_index", "dataset_sample_index")
+MAX_CORPORA = 32767
+"""A blend's corpus index is int16, as in Megatron."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ def parse_blend(values: Sequence[str], flag: str) -> Blend:
 
     Raises:
         UsageError: nothing given, a weight not followed by a prefix, weights mixed with bare
-            prefixes, a weight that is not a finite positive number, or weights summing to zero.
+            prefixes, a weight that is not a finite positive number, weights summing to zero, or
+            more than MAX_CORPORA corpora.
     """
     values = [str(v).strip() for v in values]
     example = f"give {flag} W1 PREFIX1 W2 PREFIX2 ... (or PREFIX alone)"
@@ -82,10 +86,10 @@ def parse_blend(values: Sequence[str], flag: str) -> Blend:
         if stray:
             raise UsageError(f"{flag}: weight {stray[-1]} is not followed by a prefix "
                              f"({len(values)} values); {example}")
-        return Blend(tuple(_strip_suffix(v) for v in values), None)
+        return _blend(values, None, flag)
     weights, prefixes = numbers[0::2], values[1::2]
     if all(w is None for w in weights):
-        return Blend(tuple(_strip_suffix(v) for v in values), None)
+        return _blend(values, None, flag)
     if any(w is None for w in weights) or any(w is not None for w in numbers[1::2]):
         raise UsageError(f"{flag}: weights and prefixes must alternate ({' '.join(values)}); {example}")
     bad = [w for w in weights if not math.isfinite(w) or w < 0]
@@ -98,7 +102,14 @@ def parse_blend(values: Sequence[str], flag: str) -> Blend:
         zero = prefixes[weights.index(0)]
         raise UsageError(f"{flag}: weight 0 for {zero}; leave that corpus out instead (Megatron "
                          "refuses zero weights)")
-    return Blend(tuple(_strip_suffix(p) for p in prefixes), tuple(weights))
+    return _blend(prefixes, tuple(weights), flag)
+
+
+def _blend(prefixes: Sequence[str], weights: tuple[float, ...] | None, flag: str) -> Blend:
+    if len(prefixes) > MAX_CORPORA:
+        raise UsageError(f"{flag}: {len(prefixes)} corpora; a blend holds at most {MAX_CORPORA} (Megatron's "
+                         "corpus index is int16); give fewer, larger corpora")
+    return Blend(tuple(_strip_suffix(p) for p in prefixes), weights)
 
 
 def split_blends(req: DataRequest) -> tuple[list[Blend | None], bool]:
@@ -140,8 +151,29 @@ def corpus_sizes(weights: Sequence[float], size: int, surplus: float = 0.0) -> l
 def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
     """Megatron's ``build_blending_indices``: for each sample the corpus that lags its weight most.
 
-    Returns ``(dataset_index int16, dataset_sample_index int64)``, each of ``size``.
+    Returns ``(dataset_index int16, dataset_sample_index int64)``, each of ``size``. The C++ op
+    ``gpt2forge::build_blending_indices`` (custom_ops/blend_index.cpp) when the library is built,
+    else ``blending_indices_reference``: the same arrays.
     """
+    if has_op("build_blending_indices"):
+        index, sample = torch.ops.gpt2forge.build_blending_indices(torch.tensor(weights, dtype=torch.float64), size)
+        return index.numpy(), sample.numpy()
+    return blending_indices_reference(weights, size)
+
+
+def exhaustive_indices(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Megatron's ``build_exhaustive_blending_indices``: exactly ``sizes[i]`` samples of corpus ``i``,
+    interleaved in proportion to the sizes (a corpus leaves the race once it is spent). The C++ op
+    when the library is built, else ``exhaustive_indices_reference``."""
+    if has_op("build_exhaustive_blending_indices"):
+        index, sample = torch.ops.gpt2forge.build_exhaustive_blending_indices(torch.tensor(sizes, dtype=torch.int64))
+        return index.numpy(), sample.numpy()
+    return exhaustive_indices_reference(sizes)
+
+
+def blending_indices_reference(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``blending_indices`` in Python (a loop per sample: ~0.7 s per million samples of a
+    three-corpus blend), the fallback without the custom ops library and the op's test oracle."""
     w = [float(x) for x in weights]
     n = len(w)
     counts = [0] * n
@@ -160,9 +192,8 @@ def blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, n
     return dataset_index, sample_index
 
 
-def exhaustive_indices(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Megatron's ``build_exhaustive_blending_indices``: exactly ``sizes[i]`` samples of corpus ``i``,
-    interleaved in proportion to the sizes (a corpus leaves the race once it is spent)."""
+def exhaustive_indices_reference(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``exhaustive_indices`` in Python: the fallback without the library and the op's test oracle."""
     total = int(sum(sizes))
     w = [s / float(total) for s in sizes]
     counts = [0] * len(sizes)

@@ -77,6 +77,15 @@ def test_bad_weights_name_the_flag(tmp_path, values, message):
         load_datasets(DataRequest("mmap", (), 16, VOCAB, 1, train_paths=tuple(values)))
 
 
+def test_more_corpora_than_the_int16_index_holds_are_refused():
+    many = [f"c{i}" for i in range(bl.MAX_CORPORA + 1)]
+    with pytest.raises(UsageError, match=r"--data-path: 32768 corpora; a blend holds at most 32767"):
+        bl.parse_blend(many, "--data-path")
+    with pytest.raises(UsageError, match="32768 corpora"):
+        bl.parse_blend([x for p in many for x in ("1", p)], "--data-path")
+    assert len(bl.parse_blend(many[:-1], "--data-path").prefixes) == bl.MAX_CORPORA
+
+
 def test_prefixes_of_different_tokenizers_are_refused(tmp_path):
     a = write_corpus(tmp_path / "a", 40, 0)
     b = write_corpus(tmp_path / "b", 40, 1, dtype=np.int32)

@@ -444,3 +444,48 @@ def test_cached_lm_runs_the_decode_kernel_for_one_query_only(ops, monkeypatch: p
         lm(torch.randint(0, 96, (2, 1)), torch.tensor([4]), pad)
     assert calls == [1, 1]  # one per layer
     assert not CachedLM(model.double(), batch_size=1, max_len=8).decode_kernel  # fp64: SDPA
+
+
+@pytest.mark.parametrize("weights", [
+    (0.5, 0.3, 0.2), (1, 1, 1), (0.1,) * 10, (1e-3, 1 - 1e-3), (7,), (3, 1, 4, 1, 5, 9, 2, 6, 5, 3),
+])
+@pytest.mark.parametrize("size", [0, 1, 2, 4099])
+def test_blending_indices_op_equals_the_python_order(ops, weights, size: int):
+    from gpt2forge.data import blend
+
+    w = blend.normalize(weights)
+    index, sample = ops.build_blending_indices(torch.tensor(w, dtype=torch.float64), size)
+    ref_index, ref_sample = blend.blending_indices_reference(w, size)
+    assert index.dtype == torch.int16 and sample.dtype == torch.int64
+    assert index.numpy().tolist() == ref_index.tolist() and sample.numpy().tolist() == ref_sample.tolist()
+
+
+@pytest.mark.parametrize("sizes", [(7, 3, 5), (5, 0, 2), (1,), (100, 1, 1, 37)])
+def test_exhaustive_blending_indices_op_equals_the_python_order(ops, sizes):
+    from gpt2forge.data import blend
+
+    index, sample = ops.build_exhaustive_blending_indices(torch.tensor(sizes, dtype=torch.int64))
+    ref_index, ref_sample = blend.exhaustive_indices_reference(sizes)
+    assert index.numpy().tolist() == ref_index.tolist() and sample.numpy().tolist() == ref_sample.tolist()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda o: o.build_blending_indices(torch.tensor([0.5, 0.5]), 3), "1-D float64"),
+    (lambda o: o.build_blending_indices(torch.tensor([0.5, -0.5], dtype=torch.float64), 3), "weight 1 is -0.5"),
+    (lambda o: o.build_blending_indices(torch.tensor([0.5, 0.5], dtype=torch.float64), -1), "size -1"),
+    (lambda o: o.build_blending_indices(torch.zeros(0, dtype=torch.float64), 3), "0 corpora"),
+    (lambda o: o.build_exhaustive_blending_indices(torch.tensor([3, -1])), "size 1 is -1"),
+    (lambda o: o.build_exhaustive_blending_indices(torch.zeros(32768, dtype=torch.int64)), "32768 corpora"),
+])
+def test_blending_ops_refuse_bad_arguments(ops, call, match: str):
+    with pytest.raises(ValueError, match=match):
+        call(ops)
+
+
+def test_blend_order_without_the_library_is_the_python_order(no_library):
+    from gpt2forge.data import blend
+
+    index, sample = blend.blending_indices([0.6, 0.4], 50)
+    ref = blend.blending_indices_reference([0.6, 0.4], 50)
+    assert index.tolist() == ref[0].tolist() and sample.tolist() == ref[1].tolist()
+    assert blend.exhaustive_indices([3, 4])[0].tolist() == blend.exhaustive_indices_reference([3, 4])[0].tolist()
