@@ -23,8 +23,9 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "vec_math.h"
+
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -42,24 +43,6 @@ namespace {
 #else
 #define GPT2FORGE_MULTIVERSION
 #endif
-
-// exp(x) for x <= 0 (arguments are logits minus their row maximum), relative error below 2e-7,
-// in branch-free arithmetic that the compiler vectorizes: x = n ln2 + r with |r| <= ln2/2,
-// exp(r) by a degree-6 polynomial, 2^n by writing the exponent bits.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // below this exp underflows fp32's normal range; the term is ~0
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693359375f;  // Cody-Waite: ln2 split into an exact head and a tail
-  r = r - n * -2.12194440e-4f;
-  float p = 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  return p * std::bit_cast<float>(bits);
-}
 
 GPT2FORGE_MULTIVERSION
 float row_max(const float* x, int64_t n) {
