@@ -36,14 +36,40 @@ namespace {
 #endif
 inline double lag(double weight, double at, double taken) { return weight * at - taken; }
 
-std::tuple<at::Tensor, at::Tensor> blend_outputs(int64_t size) {
-  return {at::empty({size}, at::TensorOptions().dtype(at::kShort)),
-          at::empty({size}, at::TensorOptions().dtype(at::kLong))};
-}
-
 void check_count(int64_t n, const char* what) {
   TORCH_CHECK_VALUE(n >= 1 && n <= std::numeric_limits<int16_t>::max(), "gpt2forge::", what, ": ", n,
                     " corpora; a blend holds 1 to 32767 (the corpus index is int16, as in Megatron)");
+}
+
+// The order of `size` samples over corpora with weights w[0 .. n): sample s goes to the corpus of
+// largest lag(w[i], max(s, 1), taken[i]), the lowest index on ties. With `cap`, corpus i leaves
+// the race once it has given cap[i] samples (those with cap[i] = 0 never enter it).
+std::tuple<at::Tensor, at::Tensor> blend_order(const double* w, int64_t n, int64_t size, const int64_t* cap) {
+  at::Tensor index = at::empty({size}, at::TensorOptions().dtype(at::kShort));
+  at::Tensor sample = at::empty({size}, at::TensorOptions().dtype(at::kLong));
+  int16_t* ip = index.mutable_data_ptr<int16_t>();
+  int64_t* sp = sample.mutable_data_ptr<int64_t>();
+  std::vector<int64_t> racing;  // ascending, as Megatron's std::set of unspent corpora iterates
+  for (int64_t i = 0; i < n; ++i)
+    if (cap == nullptr || cap[i] > 0) racing.push_back(i);
+  std::vector<int64_t> taken(n, 0);
+  for (int64_t s = 0; s < size; ++s) {
+    const double at = std::max(static_cast<double>(s), 1.0);
+    size_t best_pos = 0;
+    double best_error = std::numeric_limits<double>::lowest();
+    for (size_t p = 0; p < racing.size(); ++p) {
+      const double error = lag(w[racing[p]], at, static_cast<double>(taken[racing[p]]));
+      if (error > best_error) {
+        best_error = error;
+        best_pos = p;
+      }
+    }
+    const int64_t best = racing[best_pos];
+    ip[s] = static_cast<int16_t>(best);
+    sp[s] = taken[best]++;
+    if (cap != nullptr && taken[best] == cap[best]) racing.erase(racing.begin() + static_cast<std::ptrdiff_t>(best_pos));
+  }
+  return {index, sample};
 }
 
 std::tuple<at::Tensor, at::Tensor> build_blending_indices(const at::Tensor& weights, int64_t size) {
@@ -57,25 +83,7 @@ std::tuple<at::Tensor, at::Tensor> build_blending_indices(const at::Tensor& weig
   for (int64_t i = 0; i < n; ++i)
     TORCH_CHECK_VALUE(std::isfinite(w[i]) && w[i] >= 0, "gpt2forge::build_blending_indices: weight ", i, " is ",
                       w[i], "; weights are finite and non-negative");
-  auto [index, sample] = blend_outputs(size);
-  int16_t* ip = index.mutable_data_ptr<int16_t>();
-  int64_t* sp = sample.mutable_data_ptr<int64_t>();
-  std::vector<int64_t> taken(n, 0);
-  for (int64_t s = 0; s < size; ++s) {
-    const double at = std::max(static_cast<double>(s), 1.0);
-    int64_t best = 0;
-    double best_error = lag(w[0], at, static_cast<double>(taken[0]));
-    for (int64_t i = 1; i < n; ++i) {
-      const double error = lag(w[i], at, static_cast<double>(taken[i]));
-      if (error > best_error) {
-        best_error = error;
-        best = i;
-      }
-    }
-    ip[s] = static_cast<int16_t>(best);
-    sp[s] = taken[best]++;
-  }
-  return {index, sample};
+  return blend_order(w, n, size, nullptr);
 }
 
 std::tuple<at::Tensor, at::Tensor> build_exhaustive_blending_indices(const at::Tensor& sizes) {
@@ -92,32 +100,8 @@ std::tuple<at::Tensor, at::Tensor> build_exhaustive_blending_indices(const at::T
     total += size_of[i];
   }
   std::vector<double> w(n);
-  std::vector<int64_t> unspent;  // ascending, as Megatron's std::set iterates
-  for (int64_t i = 0; i < n; ++i) {
-    w[i] = static_cast<double>(size_of[i]) / static_cast<double>(total);
-    if (size_of[i] > 0) unspent.push_back(i);
-  }
-  auto [index, sample] = blend_outputs(total);
-  int16_t* ip = index.mutable_data_ptr<int16_t>();
-  int64_t* sp = sample.mutable_data_ptr<int64_t>();
-  std::vector<int64_t> taken(n, 0);
-  for (int64_t s = 0; s < total; ++s) {
-    const double at = std::max(static_cast<double>(s), 1.0);
-    size_t best_pos = 0;
-    double best_error = std::numeric_limits<double>::lowest();
-    for (size_t p = 0; p < unspent.size(); ++p) {
-      const double error = lag(w[unspent[p]], at, static_cast<double>(taken[unspent[p]]));
-      if (error > best_error) {
-        best_error = error;
-        best_pos = p;
-      }
-    }
-    const int64_t best = unspent[best_pos];
-    ip[s] = static_cast<int16_t>(best);
-    sp[s] = taken[best]++;
-    if (taken[best] == size_of[best]) unspent.erase(unspent.begin() + static_cast<std::ptrdiff_t>(best_pos));
-  }
-  return {index, sample};
+  for (int64_t i = 0; i < n; ++i) w[i] = static_cast<double>(size_of[i]) / static_cast<double>(total);
+  return blend_order(w.data(), n, total, size_of);
 }
 
 }  // namespace
