@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 
@@ -56,6 +57,46 @@ def num_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+class DirectStep:
+    """One compiled decode graph and how to call it without dynamo (Generator._decode_step).
+
+    Dynamo hands the graph's inputs to it as one flat list: the step's ids, slots and pad at
+    `positions`, and the CachedLM's parameters and cache buffers at the others, which stay the same
+    tensors from call to call (`fixed`). `usable` is False when that could not be established
+    (then the step keeps going through dynamo).
+    """
+
+    def __init__(self, compiled: Callable, fixed: list, positions: tuple[int, int, int] | None):
+        self.compiled, self.fixed, self.positions = compiled, fixed, positions
+        self.usable = positions is not None
+
+    @classmethod
+    def of(cls, compiled: Callable, gm: torch.fx.GraphModule, example_inputs: list,
+           step_inputs: tuple[torch.Tensor, ...] | None, lm: torch.nn.Module) -> DirectStep:
+        """The graph dynamo compiled while running the step on `step_inputs` (ids, slots, pad)."""
+        unusable = cls(compiled, [], None)
+        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        if step_inputs is None or not isinstance(outputs, (tuple, list)) or len(outputs) != 1:
+            return unusable
+        own = {id(t) for t in itertools.chain(lm.parameters(), lm.buffers())}
+        positions: list[int | None] = [None] * len(step_inputs)
+        for i, x in enumerate(example_inputs):
+            k = next((k for k, t in enumerate(step_inputs) if x is t), None)
+            if k is not None and positions[k] is None:
+                positions[k] = i
+            elif not isinstance(x, torch.Tensor) or id(x) not in own:
+                return unusable
+        if None in positions:
+            return unusable
+        return cls(compiled, list(example_inputs), tuple(positions))
+
+    def __call__(self, ids: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        args = list(self.fixed)
+        for i, t in zip(self.positions, (ids, slots, pad)):
+            args[i] = t
+        return self.compiled(*args)[0]
+
+
 class Generator:
     """Generates for up to `batch_size` prompts at a time, each up to `max_len` tokens in total
     (prompt + new tokens <= max_len <= n_positions). The cache is allocated once and reused by
@@ -67,17 +108,34 @@ class Generator:
         self.vocab_size = model.config.vocab_size
         self.step = self.lm
         self.threads = torch.get_num_threads()  # prefill's, and the decode matmuls'; warm_up may lower it
-        self._skip_guards = compile and self.device.type == "cpu"
-        self._checked_signature = None  # inputs whose guards passed (see _decode_step)
-        if compile:
-            # Static shapes (B, 1): one graph; on CUDA, "reduce-overhead" replays it as a CUDA graph.
+        self._direct_steps: dict[tuple, DirectStep] = {}  # CPU: input signature -> its graph (_decode_step)
+        self._pending: tuple[torch.Tensor, ...] | None = None  # the inputs of the step being compiled
+        self._last_graph: DirectStep | None = None  # the graph that ran the latest compiled step
+        if compile and self.device.type == "cuda":
+            # Static shapes (B, 1): one graph, replayed as a CUDA graph ("reduce-overhead").
+            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode="reduce-overhead")
+        elif compile:
             # On CPU the graph's wrapper runs once per token and calls ~100 small kernels: without
             # its ~250 size and stride asserts a GPT-2 small step is ~0.5 ms shorter, and as C++
             # (cpp_wrapper) rather than Python ~0.4 ms more (16.5 against 17.0 ms, interleaved), for
             # a longer first compilation (18.0 s for GPT-2 small, against 9.7 s; inductor caches it).
-            cuda = self.device.type == "cuda"
-            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode="reduce-overhead" if cuda else None,
-                                      options=None if cuda else {"size_asserts": False, "cpp_wrapper": True})
+            # Inductor compiles it as torch.compile's default backend does; _capture_graph keeps it
+            # so that _decode_step can call it without dynamo.
+            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, backend=self._capture_graph)
+
+    def _capture_graph(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        """torch.compile backend: inductor's compilation of the step, kept as a DirectStep."""
+        from torch._inductor.compile_fx import compile_fx
+
+        compiled = compile_fx(gm, example_inputs, config_patches={"size_asserts": False, "cpp_wrapper": True})
+        graph = DirectStep.of(compiled, gm, example_inputs, self._pending, self.lm)
+
+        def run(*args):
+            self._last_graph = graph
+            return compiled(*args)
+
+        run._boxed_call = getattr(compiled, "_boxed_call", False)
+        return run
 
     @property
     def batch_size(self) -> int:
@@ -98,7 +156,7 @@ class Generator:
         pad = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
         with self._decoding():
             for s in range(steps):
-                self.step(ids, torch.tensor([s], device=self.device), pad)
+                self._decode_step(ids, torch.tensor([s], device=self.device), pad)
         return synchronize(self.device) - t0
 
     def _decoding(self, threads: int | None = None) -> contextlib.AbstractContextManager:
@@ -142,24 +200,31 @@ class Generator:
         return min(best, key=best.get)
 
     def _decode_step(self, ids: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        """self.step(ids, slots, pad); on CPU, the compiled step without dynamo's guard checks once
-        they have passed for inputs like these.
+        """self.step(ids, slots, pad); on CPU, once dynamo's guards have passed for inputs like these,
+        the compiled graph called directly.
 
-        Dynamo checks ~200 guards (every parameter and cache buffer) before each call, ~0.5 ms a
-        GPT-2 small token on CPU. The step's modules never change, so what could fail a guard is the
-        inputs and the grad mode: the first call with a new input signature runs the checks (and
-        compiles if needed), later ones skip them.
+        Each call through dynamo checks ~200 guards (every parameter and cache buffer) and then
+        gathers the graph's ~170 inputs from the modules: ~0.5 ms and ~0.8 ms of a GPT-2 small
+        token on CPU. The step's modules never change, so what could fail a guard is the inputs
+        and the grad mode: the first call with a new input signature goes through dynamo (and
+        compiles if needed); later ones call the graph that served it, with the same module
+        tensors (updated in place, weights are seen; replaced by other tensors, they are not).
         """
-        if not self._skip_guards:
+        if self.device.type != "cpu" or self.step is self.lm:
             return self.step(ids, slots, pad)
         signature = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                      *((t.shape, t.stride(), t.dtype) for t in (ids, slots, pad)))
-        if signature != self._checked_signature:
+        direct = self._direct_steps.get(signature)
+        if direct is not None:
+            return direct(ids, slots, pad)
+        self._last_graph, self._pending = None, (ids, slots, pad)
+        try:
             logits = self.step(ids, slots, pad)
-            self._checked_signature = signature
-            return logits
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-            return self.step(ids, slots, pad)
+        finally:
+            self._pending = None
+        if self._last_graph is not None and self._last_graph.usable:
+            self._direct_steps[signature] = self._last_graph
+        return logits
 
     def _prefill_inputs(self, prompts: Sequence[Sequence[int]]):
         """Left-padded ids (B, P), padding per row (B,), and the seen-token mask (B, V)."""

@@ -111,14 +111,22 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, rtol, atol):
 
 @pytest.mark.slow
 def test_compiled_decode_step_generates_what_the_eager_one_does_call_after_call():
-    # From the second call with the same inputs on, the CPU step skips dynamo's guard checks
-    # (Generator._decode_step): a stale cache entry would show here as different tokens.
+    # From the second call with the same inputs on, the CPU step calls the compiled graph without
+    # dynamo (Generator._decode_step): a stale cache or a misplaced input would show here as
+    # different tokens.
     model = make_model(tiny())
     eager, compiled = Generator(model, 3, 40), Generator(model, 3, 40, compile=True)
     compiled.warm_up()
+    (direct,) = compiled._direct_steps.values()  # one input signature, one graph
+    assert direct.usable
+    calls = []
+    compiled.step = lambda *a: calls.append(a) or pytest.fail("a decode step went through dynamo again")
     for prompts in (PROMPTS, PROMPTS[1:], PROMPTS[::-1]):
         want = eager.generate(prompts, 12, GREEDY).tokens
         assert compiled.generate(prompts, 12, GREEDY).tokens == want
+    with torch.no_grad():  # weights updated in place are seen
+        model.transformer.ln_f.weight.mul_(-1.0)
+    assert compiled.generate(PROMPTS, 12, GREEDY).tokens == eager.generate(PROMPTS, 12, GREEDY).tokens
 
 
 def test_decode_steps_run_torch_on_one_thread_and_the_matmuls_on_the_generators_count(monkeypatch):
