@@ -6,8 +6,9 @@ tensors per layer (403 MB each at B=8, T=1024, 12 heads). `causal_attention_drop
 same function a block of query rows at a time (the flash-attention recurrence: backward
 recomputes the probabilities from the saved log-sum-exp), skips the keys a causal row never sees
 (about half the matmul work at long T), and keeps only the bool masks and the row log-sum-exp
-between forward and backward. A sequence short enough for one chunk keeps its probabilities
-instead (recomputing them would cost more time than the memory is worth). With packed documents
+between forward and backward. A sequence whose whole score matrix fits one chunk's budget keeps
+its probabilities instead (recomputing them would cost more time than the memory is worth), still
+in a few query chunks so that most of the causal upper triangle is skipped. With packed documents
 (--reset-attention-mask) the mask is block-causal and a chunk also skips the keys before the
 earliest document start of its rows, so short documents cost less than one long one.
 """
@@ -21,6 +22,9 @@ DROP_BITS = 15
 
 ATTENTION_CHUNK_ELEMENTS = 1 << 23
 """Score elements per query chunk (B * n_head * rows * keys): 32 MB of fp32 at a time."""
+
+CAUSAL_CHUNKS = 4
+"""Query chunks of a sequence whose probabilities are kept (GPT-2 small, B=4, T=256: 64 rows each)."""
 
 
 @torch.library.custom_op("gpt2forge::dropout_keep_mask", mutates_args=(),
@@ -63,10 +67,23 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * dropout_keep_mask(x, p) * (1.0 / kept)
 
 
-def _chunks(q: torch.Tensor) -> list[tuple[int, int]]:
-    """Query row ranges [t0, t1) with about ATTENTION_CHUNK_ELEMENTS scores each (a multiple of 16 rows)."""
+def _keeps_probabilities(q: torch.Tensor) -> bool:
+    """Whether the whole (B, H, T, T) score matrix fits ATTENTION_CHUNK_ELEMENTS: then forward keeps
+    the probabilities for backward (recomputing them would cost more time than the memory is worth)."""
     B, H, T, _ = q.shape
-    rows = max(16, ATTENTION_CHUNK_ELEMENTS // max(1, B * H * T) // 16 * 16)
+    return B * H * T * T <= ATTENTION_CHUNK_ELEMENTS
+
+
+def _chunks(q: torch.Tensor) -> list[tuple[int, int]]:
+    """Query row ranges [t0, t1), a multiple of 16 rows each: about ATTENTION_CHUNK_ELEMENTS scores
+    each, or, when the probabilities are kept, CAUSAL_CHUNKS of them (chunk i needs the keys up to
+    its last row only: 4 chunks compute 10/16 of the square)."""
+    B, H, T, _ = q.shape
+    if _keeps_probabilities(q):
+        per = -(-T // CAUSAL_CHUNKS)
+        rows = max(16, (per + 15) // 16 * 16)
+    else:
+        rows = max(16, ATTENTION_CHUNK_ELEMENTS // max(1, B * H * T) // 16 * 16)
     return [(t0, min(T, t0 + rows)) for t0 in range(0, T, rows)]
 
 
@@ -111,16 +128,18 @@ class _CausalAttentionDropout(torch.autograd.Function):
         inv_kept = 1.0 / kept_fraction(p)
         chunks = _chunks(q)
         plan = _key_plan(chunks, starts)
-        single = len(chunks) == 1
+        keeps = _keeps_probabilities(q)
+        if keeps:  # every chunk from key 0 (keys it would skip are masked instead): eager then draws
+            plan = [(0, masked or k0 > 0) for k0, masked in plan]  # the masks the compiled step draws
         out = torch.empty_like(q)
-        # One chunk (short sequences): keep its probabilities for backward, as autograd would.
-        # Several: keep the log-sum-exp per row (B, H, T) and recompute them chunk by chunk.
-        lse = torch.empty(B, H, 0 if single else T, dtype=torch.float32, device=q.device)
+        # Short sequences: keep each chunk's probabilities for backward, as autograd would. Long
+        # ones: keep the log-sum-exp per row (B, H, T) and recompute them chunk by chunk.
+        lse = torch.empty(B, H, 0 if keeps else T, dtype=torch.float32, device=q.device)
         saved = []
         for (t0, t1), (k0, masked) in zip(chunks, plan):
             s = _scores(q, k, t0, t1, scale, k0, documents if masked else None)
-            if single:
-                probs = torch.softmax(s, dim=-1)  # (B, H, T, T)
+            if keeps:
+                probs = torch.softmax(s, dim=-1)  # (B, H, n, t1 - k0)
                 saved.append(probs)
                 keep = dropout_keep_mask(probs, p)
                 dropped = probs * keep
@@ -131,7 +150,7 @@ class _CausalAttentionDropout(torch.autograd.Function):
                 dropped.mul_(keep)
             saved.append(keep)
             out[:, :, t0:t1] = torch.matmul(dropped.mul_(inv_kept).to(v.dtype), v[:, :, k0:t1])
-        ctx.p, ctx.scale, ctx.single, ctx.plan = p, scale, single, plan
+        ctx.p, ctx.scale, ctx.keeps, ctx.plan = p, scale, keeps, plan
         ctx.has_documents = documents is not None
         ctx.save_for_backward(q, k, v, lse, *([documents] if documents is not None else []), *saved)
         return out
@@ -152,8 +171,8 @@ class _CausalAttentionDropout(torch.autograd.Function):
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for i, ((t0, t1), (k0, masked)) in enumerate(zip(_chunks(q), ctx.plan)):
             g = grad_out[:, :, t0:t1]  # (B, H, n, hd)
-            if ctx.single:
-                probs, keep = saved[0].clone(), saved[1]
+            if ctx.keeps:
+                probs, keep = saved[2 * i].clone(), saved[2 * i + 1]
             else:
                 keep = saved[i]
                 probs = _scores(q, k, t0, t1, ctx.scale, k0, documents if masked else None)

@@ -194,7 +194,7 @@ def _attention_with_recorded_masks(monkeypatch, q, k, v, p, rows):
     for keep in drawn:
         full[:, :, t0:t0 + keep.shape[2], :keep.shape[3]] = keep
         t0 += keep.shape[2]
-    assert t0 == T and len(drawn) == -(-T // rows)
+    assert t0 == T and len(drawn) == len(dropout_mod._chunks(q))
     return out, full
 
 
@@ -210,11 +210,14 @@ def _math_attention(q, k, v, keep, p):
                                             (torch.float32, 1e-5, 48)])
 def test_chunked_attention_dropout_equals_math_with_the_same_masks(monkeypatch, dtype, tol, rows):
     # 16 rows: chunks 0-15, 16-31, 32-36 of growing causal width, probabilities recomputed in
-    # backward from the log-sum-exp; 48 rows: one chunk whose probabilities are kept instead.
+    # backward from the log-sum-exp; 48 rows: a budget for the whole matrix, so the probabilities
+    # are kept instead, the chunks the same (T / CAUSAL_CHUNKS rounded up to 16 rows).
+    from gpt2forge.model import dropout as dropout_mod
     torch.manual_seed(0)
     B, H, T, hd, p = 2, 3, 37, 8, 0.3
     q, k, v = (torch.randn(B, H, T, hd).to(dtype).requires_grad_() for _ in range(3))
     out, keep = _attention_with_recorded_masks(monkeypatch, q, k, v, p, rows)
+    assert dropout_mod._keeps_probabilities(q) == (rows == 48) and len(dropout_mod._chunks(q)) == 3
     assert out.dtype == dtype
     assert 0.6 < keep[..., torch.ones(T, T, dtype=torch.bool).tril()].float().mean() < 0.8
     grad = torch.randn_like(out)
