@@ -1,15 +1,18 @@
-"""The issue-24 benchmarks and the K-FAC update-time benchmark run end to end on a tiny shape and print
-their ratios (no timing is checked)."""
+"""The issue-24 benchmarks, the K-FAC update-time benchmark and the blend-order benchmark run end to
+end on a tiny shape and print their ratios (no timing is checked)."""
 
 from __future__ import annotations
 
 import json
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from gpt2forge.ops.library import has_op
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -68,3 +71,11 @@ def test_kfac_step_prints_whole_cycles_and_the_parts():
     for line in ("precondition only", "factors + precondition", "decomposition (alone)",
                  "K-FAC 5/50: ", "combined from the parts"):
         assert line in out, out
+
+
+def test_blend_order_compares_with_the_python_order():
+    if not has_op("build_blending_indices"):
+        pytest.skip("the custom ops library is not built (make custom_ops)")
+    out = run(["benchmarks/blend_order.py", "--samples", "2e4", "--python-samples", "2e3", "--repeats", "1"])
+    assert "ours (C++ op)" in out and "ns/sample" in out
+    assert re.search(r"Python reference .* ours is \d+x faster; arrays equal", out)
