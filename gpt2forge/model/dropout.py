@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from gpt2forge.ops.library import has_op
+
 DROP_BITS = 15
 """Random bits per dropout decision: p is rounded to a multiple of 2**-15 (0.1 -> 0.100006)."""
 
@@ -33,16 +35,23 @@ def dropout_keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     """Bool mask shaped like `x`, True (keep) with probability 1 - round(p * 2**15) / 2**15, drawn
     from torch's generator.
 
-    Each 32-bit draw of the generator decides two elements (int32 `random_()` gives 31 uniform
-    bits, viewed as two int16 of which the low 15 bits are used): half the draws of
-    `torch.rand(x.shape) >= p`, which on a 2-core CPU spent 0.18 s of a 5.5 s GPT-2 small
-    training step drawing masks (now 0.10 s). An opaque op on purpose: torch.compile then calls
-    ATen's generator instead of inlining its own per-element Philox generator, which on CPU costs
-    ~3x more per element. Compiled and eager runs draw the same masks from the same seed.
+    On CPU with the custom ops library, the C++ op `gpt2forge::dropout_mask` draws them on every
+    thread from one 63-bit seed taken from torch's generator (custom_ops/dropout_mask.cpp). Else each
+    32-bit draw of torch's generator decides two elements (int32 `random_()` gives 31 uniform bits,
+    viewed as two int16 of which the low 15 bits are used): half the draws of
+    `torch.rand(x.shape) >= p`, which on a 2-core CPU spent 0.18 s of a 5.5 s GPT-2 small training
+    step drawing masks (0.10 s with halving; ATen's CPU generator runs on one thread). An opaque op
+    on purpose: torch.compile then calls it instead of inlining its own per-element Philox
+    generator, which on CPU costs ~3x more per element. Compiled and eager runs draw the same masks
+    from the same seed.
     """
     n = x.numel()
+    threshold = round(p * (1 << DROP_BITS))
+    if x.device.type == "cpu" and has_op("dropout_mask"):
+        seed = int(torch.empty((), dtype=torch.int64).random_())
+        return torch.ops.gpt2forge.dropout_mask(n, threshold, seed).view(x.shape)
     bits = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device).random_().view(torch.int16)
-    keep = (bits[:n] & ((1 << DROP_BITS) - 1)) >= round(p * (1 << DROP_BITS))
+    keep = (bits[:n] & ((1 << DROP_BITS) - 1)) >= threshold
     return keep.view(x.shape)
 
 

@@ -489,3 +489,38 @@ def test_blend_order_without_the_library_is_the_python_order(no_library):
     ref = blend.blending_indices_reference([0.6, 0.4], 50)
     assert index.tolist() == ref[0].tolist() and sample.tolist() == ref[1].tolist()
     assert blend.exhaustive_indices([3, 4])[0].tolist() == blend.exhaustive_indices_reference([3, 4])[0].tolist()
+
+
+def test_dropout_mask_keeps_the_asked_share_reproducibly_on_any_thread_count(ops):
+    n, threshold = 1_000_003, 3277  # p = 0.1 rounded to 15 bits
+    mask = ops.dropout_mask(n, threshold, 12345)
+    assert mask.dtype == torch.bool and mask.shape == (n,)
+    kept = 1 - threshold / 2**15
+    sd = (kept * (1 - kept) / n) ** 0.5
+    assert abs(mask.double().mean().item() - kept) < 5 * sd
+    # Neighbours (lanes of one word, and across words) are independent: P(both kept) = kept^2.
+    both = (mask[:-1] & mask[1:]).double().mean().item()
+    assert abs(both - kept**2) < 5 * (kept**2 * (1 - kept**2) / n) ** 0.5
+    assert torch.equal(mask, ops.dropout_mask(n, threshold, 12345))
+    assert not torch.equal(mask, ops.dropout_mask(n, threshold, 12346))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(mask, ops.dropout_mask(n, threshold, 12345))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(ops.dropout_mask(7, threshold, 12345), mask[:7])  # a prefix of the same stream
+    assert bool(ops.dropout_mask(1000, 0, 1).all()) and not bool(ops.dropout_mask(1000, 2**15, 1).any())
+    with pytest.raises(ValueError, match="threshold 32769"):
+        ops.dropout_mask(10, 2**15 + 1, 1)
+
+
+def test_dropout_keep_mask_draws_its_seed_from_torchs_generator(ops):
+    from gpt2forge.model.dropout import dropout_keep_mask, kept_fraction
+
+    x = torch.empty(3, 50, 70)
+    torch.manual_seed(0)
+    a, b = dropout_keep_mask(x, 0.1), dropout_keep_mask(x, 0.1)
+    torch.manual_seed(0)
+    assert torch.equal(a, dropout_keep_mask(x, 0.1)) and not torch.equal(a, b)
+    assert a.shape == x.shape and abs(a.float().mean().item() - kept_fraction(0.1)) < 0.02
