@@ -3,21 +3,23 @@
 // gpt2forge.model.dropout.dropout_keep_mask needs n bool decisions "keep with probability
 // 1 - threshold / 2^15". ATen's CPU random_() runs one Mersenne Twister on one thread: 84 ms of a
 // GPT-2 small training step (B=4, T=256, dropout 0.1) in the profile, plus the passes that turn its
-// bits into bools. Here decision i takes 15 bits of 64-bit word i / 4 of the SplitMix64 sequence
-// started at `seed` (word w = mix(seed + (w + 1) * golden ratio), the generator Java's
-// SplittableRandom and xoshiro's seeding use; it passes BigCrush), bits 16 * (i % 4) up. A word
-// depends only on its index, so threads fill disjoint ranges and the mask does not depend on the
-// thread count. The seed comes from torch's generator (the Python caller draws it), so
-// torch.manual_seed reproduces the masks, compiled or eager. 3.1M decisions (one GPT-2 small
-// layer's attention probabilities at B=4, T=256) on the 2-core development machine: 1.7 ms against
-// 6.0-7.8 ms for random_() and the two passes after it (three interleaved rounds); a whole training
-// step's ~57M decisions, about 90 ms less, is within the step's noise there.
+// bits into bools. Here decision i takes 15 bits, from bit 16 * (i % 4) up, of 64-bit word i / 4 of
+// the SplitMix64 sequence started at `seed` (word w = mix(seed + (w + 1) * golden ratio), the
+// generator of Java's SplittableRandom and of xoshiro's seeding; its authors report that it passes
+// BigCrush). A word depends only on its index, so threads fill disjoint ranges and the mask does
+// not depend on the thread count. The seed comes from torch's generator (the Python caller draws
+// it), so torch.manual_seed reproduces the masks, compiled or eager. 3.1M decisions (one GPT-2
+// small layer's attention probabilities at B=4, T=256) on the 2-core development machine: 1.7 ms
+// against 6.0-7.8 ms for random_() and the two passes after it (three interleaved rounds; 2.4-2.6
+// against 11.3-11.4 ms in a later, slower state of the machine); a whole training step's ~57M
+// decisions, about 90 ms less, is within the step's noise there.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace gpt2forge {
@@ -43,12 +45,8 @@ at::Tensor dropout_mask(int64_t n, int64_t threshold, int64_t seed) {
   at::parallel_for(0, words, 1 << 14, [&](int64_t begin, int64_t end) {
     for (int64_t w = begin; w < end; ++w) {
       const uint64_t bits = mix(base + static_cast<uint64_t>(w + 1) * kGolden);
-      const int64_t i0 = 4 * w;
-      if (i0 + 4 <= n) {
-        for (int lane = 0; lane < 4; ++lane) out[i0 + lane] = ((bits >> (16 * lane)) & 0x7fff) >= limit;
-      } else {
-        for (int lane = 0; i0 + lane < n; ++lane) out[i0 + lane] = ((bits >> (16 * lane)) & 0x7fff) >= limit;
-      }
+      const int64_t i0 = 4 * w, lanes = std::min<int64_t>(4, n - i0);
+      for (int64_t lane = 0; lane < lanes; ++lane) out[i0 + lane] = ((bits >> (16 * lane)) & 0x7fff) >= limit;
     }
   });
   return keep;

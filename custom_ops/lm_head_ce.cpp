@@ -36,13 +36,8 @@
 namespace gpt2forge {
 namespace {
 
-// The row loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
-// (the library is built without -march=native so that it runs on every machine).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define GPT2FORGE_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define GPT2FORGE_MULTIVERSION
-#endif
+// The row loops are compiled for AVX-512, AVX2 and baseline x86-64 (vec_math.h).
+#define GPT2FORGE_MULTIVERSION GPT2FORGE_TARGET_CLONES("avx512f", "avx2", "default")
 
 GPT2FORGE_MULTIVERSION
 float row_max(const float* x, int64_t n) {

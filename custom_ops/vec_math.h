@@ -8,6 +8,14 @@
 #include <cmath>
 #include <cstdint>
 
+// Compiles a function once per listed instruction set ("avx2", "default", ...) and picks the clone
+// at load time: the library is built without -march=native so that it runs on every machine.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define GPT2FORGE_TARGET_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
+#else
+#define GPT2FORGE_TARGET_CLONES(...)
+#endif
+
 namespace gpt2forge {
 
 // exp(x) for x <= 0 (values minus their maximum, as in a softmax), relative error below 2e-7, in
