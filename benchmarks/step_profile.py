@@ -6,11 +6,12 @@ fp32 matmul peak in the same run (an n x n x n matmul, best of several, before a
 steps: the best is kept), times the compile step and `--steps` steady steps, then profiles
 `--profile-steps` steps with `torch.profiler` and sorts every operator's own time into:
 
-  matmul: qkv / attention out / MLP / LM head   dense matmuls (aten::mm, addmm, bmm), by the weight
+  matmul: qkv / attention out / MLP / LM head   dense matmuls (aten::mm, addmm(_), bmm), by the weight
                                                  they multiply (read from the shapes; inside the
                                                  fused LM head op: LM head), forward and backward
   attention                                      the fused scaled-dot-product attention and its backward
   LM head + loss (other than its matmuls)        the custom op's own work (softmax, loss, gradients)
+  dropout masks                                  drawing the keep-masks (gpt2forge::dropout_keep_mask)
   optimizer                                      everything under the optimizer step
   fused elementwise (inductor)                   torch.compile's generated kernels (layer norm, GELU,
                                                  dropout, residual adds)
@@ -18,7 +19,11 @@ steps: the best is kept), times the compile step and `--steps` steady steps, the
   framework overhead                             the step's wall time not spent in any operator
 
 and prints ms/step and the share of the step for each, tokens/s and MFU against the peak measured
-here (`ModelConfig.flops_per_token`: 6N + the attention term).
+here (`ModelConfig.flops_per_token`: 6N + the attention term); `--top N` lists each category's N
+largest operators. Profiled steps run slower than unprofiled ones, and the memory-bound operators
+(copies, big elementwise kernels) take most of the difference: a single operator's time can read
+several times its unprofiled cost. The table says where to look; whether a change helps is decided
+by an interleaved A/B of whole steps (train_throughput.py), not by this table.
 
     .venv/bin/python benchmarks/step_profile.py                          # B=4, T=256, as train_throughput
     .venv/bin/python benchmarks/step_profile.py --model gpt2-test --batch-size 2 --seq-len 32 --steps 2  # smoke
@@ -44,9 +49,10 @@ from train_throughput import _build_ours, _model_config  # noqa: E402
 
 from gpt2forge.train.metrics import measure_cpu_peak  # noqa: E402
 
-MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+MATMULS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
 ORDER = ("matmul: qkv", "matmul: attention out", "matmul: MLP", "matmul: LM head", "attention",
-         "LM head + loss (other than its matmuls)", "optimizer", "fused elementwise (inductor)", "other operators")
+         "LM head + loss (other than its matmuls)", "dropout masks", "optimizer", "fused elementwise (inductor)",
+         "other operators")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--lm-loss", default="fused", choices=("fused", "plain"))
     p.add_argument("--json", default=None, help="write the breakdown here")
+    p.add_argument("--top", type=int, default=0, help="also list each category's N largest operators")
     return p.parse_args(argv)
 
 
@@ -86,6 +93,8 @@ def category(event, parents: list[str], C: int, vocab: int) -> str:
         return "matmul: LM head" if in_head else matmul_kind(event.input_shapes, C, vocab)
     if "scaled_dot_product" in name or "flash_attention" in name:
         return "attention"
+    if "dropout" in name or any("dropout" in p for p in parents):
+        return "dropout masks"
     if name.startswith("gpt2forge::") or any(p.startswith("gpt2forge::") for p in parents):
         return "LM head + loss (other than its matmuls)"
     if "cpp_fused" in name or name.startswith("graph_"):
@@ -93,9 +102,9 @@ def category(event, parents: list[str], C: int, vocab: int) -> str:
     return "other operators"
 
 
-def breakdown(prof, steps: int, C: int, vocab: int) -> dict[str, float]:
-    """category -> ms per step of the operators' own (self) time."""
-    ms = defaultdict(float)
+def breakdown(prof, steps: int, C: int, vocab: int) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """category -> ms per step of the operators' own (self) time, and (category, operator) -> ms."""
+    ms, by_op = defaultdict(float), defaultdict(float)
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CPU:
             continue
@@ -105,7 +114,8 @@ def breakdown(prof, steps: int, C: int, vocab: int) -> dict[str, float]:
             p = p.cpu_parent
         kind = category(event, parents, C, vocab)
         ms[kind] += event.self_cpu_time_total / 1e3 / steps
-    return ms
+        by_op[kind, event.name] += event.self_cpu_time_total / 1e3 / steps
+    return ms, by_op
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         profiled_s = (time.perf_counter() - t0) / args.profile_steps
     peak = max(peak, measure_cpu_peak("fp32"))
 
-    ms = breakdown(prof, args.profile_steps, cfg.n_embd, vocab)
+    ms, by_op = breakdown(prof, args.profile_steps, cfg.n_embd, vocab)
     ms["framework overhead"] = max(profiled_s * 1e3 - sum(ms.values()), 0.0)
     tokens = args.batch_size * args.seq_len
     fpt = cfg.flops_per_token(args.seq_len)
@@ -152,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(ms.values())
     for kind in (*ORDER, "framework overhead"):
         print(f"{kind:42s} {ms[kind]:9.1f} {ms[kind] / total:7.1%}")
+        ops = sorted(((v, name) for (k, name), v in by_op.items() if k == kind), reverse=True)
+        for v, name in ops[:args.top]:
+            print(f"    {name[:38]:38s} {v:9.1f}")
     matmul_ms = sum(v for k, v in ms.items() if k.startswith("matmul"))
     print(f"{'all matmuls':42s} {matmul_ms:9.1f} {matmul_ms / total:7.1%}")
     mfu = tokens / step_s * fpt / peak

@@ -45,7 +45,7 @@ import time
 import traceback
 
 TARGET = 1.5  # ours / transformers tokens/s, in every precision (GPT-2 small's step target)
-MFU_TARGET = 0.70  # ours, of the peak measured in this run
+MFU_TARGET = 0.70  # ours in fp32, of the fp32 matmul peak measured in this run (the issue's target)
 IMPLS = ("ours", "transformers")
 
 
@@ -322,7 +322,7 @@ def summarize(res: dict, precision: str, args: argparse.Namespace, fpt: float, p
     ratio = res["ours"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
     mfu = res["ours"].get("mfu")
     return {"precision": precision, "impls": res, "ratio": ratio, "target_met": ratio >= TARGET,
-            "mfu_target_met": mfu is not None and mfu >= MFU_TARGET,
+            "mfu_target_met": (mfu is not None and mfu >= MFU_TARGET) if precision == "fp32" else None,
             "device_peak_flops": peak}
 
 
@@ -396,8 +396,11 @@ def main(argv: list[str] | None = None) -> int:
               f"tokens/s, ratio {s['ratio']:.2f}x")
     verdicts = ", ".join(f"{s['precision']} {'met' if s['target_met'] else 'NOT met'}" for s in summaries)
     print(f"target ours >= {TARGET}x transformers: {verdicts}")
-    verdicts = ", ".join(f"{s['precision']} {'met' if s['mfu_target_met'] else 'NOT met'}" for s in summaries)
-    print(f"target ours >= {MFU_TARGET:.0%} MFU: {verdicts}")
+    verdicts = ", ".join(f"{s['precision']} {'met' if s['mfu_target_met'] else 'NOT met'}" for s in summaries
+                         if s["precision"] == "fp32")
+    if verdicts:
+        print(f"target ours >= {MFU_TARGET:.0%} MFU: {verdicts} (other precisions' MFU, against their own "
+              f"matmul peak, is reported, not targeted)")
     print(f"total benchmark wall time: {wall:.0f} s")
     if args.json:
         out = {"args": vars(args), "device": str(device), "torch": torch.__version__, "target": TARGET,

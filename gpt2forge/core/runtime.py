@@ -143,8 +143,13 @@ def compile_enabled(mode: str, device: torch.device, cache_dir: str | None) -> b
 
 
 def maybe_compile(model: torch.nn.Module, mode: str, device: torch.device, cache_dir: str | None):
-    """The module to call: `model` under torch.compile when `compile_enabled`, else itself."""
-    return torch.compile(model) if compile_enabled(mode, device, cache_dir) else model
+    """The module to call: `model` under torch.compile (with the training graph passes of
+    `graph_passes`) when `compile_enabled`, else itself."""
+    if not compile_enabled(mode, device, cache_dir):
+        return model
+    from gpt2forge.core.graph_passes import compile_options  # imports inductor: only when compiling
+
+    return torch.compile(model, options=compile_options())
 
 
 class LossScaler:

@@ -175,27 +175,60 @@ class _CausalAttentionDropout(torch.autograd.Function):
         documents = saved.pop(0) if ctx.has_documents else None
         inv_kept = 1.0 / kept_fraction(ctx.p)
         grad_out = grad_out.contiguous()
+        if ctx.keeps:
+            return (*_kept_backward(q, k, v, saved, grad_out, ctx.scale, inv_kept), None, None, None, None)
         dq = torch.empty_like(q)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
         for i, ((t0, t1), (k0, masked)) in enumerate(zip(_chunks(q), ctx.plan)):
-            g = grad_out[:, :, t0:t1]  # (B, H, n, hd)
-            if ctx.keeps:
-                probs, keep = saved[2 * i].clone(), saved[2 * i + 1]
-            else:
-                keep = saved[i]
-                probs = _scores(q, k, t0, t1, ctx.scale, k0, documents if masked else None)
-                probs = probs.sub_(lse[:, :, t0:t1, None]).exp_()  # (B, H, n, t1 - k0)
-            scaled_keep = keep * inv_kept  # fp32 (B, H, n, t1 - k0): 0 or 1 / kept
-            dv[:, :, k0:t1] += torch.matmul((probs * scaled_keep).to(v.dtype).transpose(-2, -1), g).float()
-            dprobs = torch.matmul(g, v[:, :, k0:t1].transpose(-2, -1)).float().mul_(scaled_keep)
-            del scaled_keep
-            row_dot = (dprobs * probs).sum(dim=-1, keepdim=True)  # (B, H, n, 1)
-            dscores = probs.mul_(dprobs.sub_(row_dot)).mul_(ctx.scale).to(q.dtype)  # softmax backward
-            del dprobs
-            dq[:, :, t0:t1] = torch.matmul(dscores, k[:, :, k0:t1])
-            dk[:, :, k0:t1] += torch.matmul(dscores.transpose(-2, -1), q[:, :, t0:t1]).float()
+            probs = _scores(q, k, t0, t1, ctx.scale, k0, documents if masked else None)
+            probs = probs.sub_(lse[:, :, t0:t1, None]).exp_()  # (B, H, n, t1 - k0)
+            dq[:, :, t0:t1], dk_c, dv_c = _chunk_backward(probs, saved[i], grad_out[:, :, t0:t1], q[:, :, t0:t1],
+                                                          k[:, :, k0:t1], v[:, :, k0:t1], ctx.scale, inv_kept)
+            dk[:, :, k0:t1] += dk_c
+            dv[:, :, k0:t1] += dv_c
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def _chunk_backward(probs, keep, g, q, k, v, scale: float, inv_kept: float):
+    """One query chunk's gradients: probs (B, H, n, m) fp32 (overwritten), keep its dropout mask,
+    g (B, H, n, hd) the output's gradient, q (B, H, n, hd) its rows, k, v (B, H, m, hd) the keys it
+    saw. Returns dq (B, H, n, hd) in q's dtype, and dk, dv (B, H, m, hd) in fp32."""
+    scaled_keep = keep * inv_kept  # fp32 (B, H, n, m): 0 or 1 / kept
+    dv = torch.matmul((probs * scaled_keep).to(v.dtype).transpose(-2, -1), g).float()
+    dprobs = torch.matmul(g, v.transpose(-2, -1)).float().mul_(scaled_keep)
+    del scaled_keep
+    row_dot = (dprobs * probs).sum(dim=-1, keepdim=True)  # (B, H, n, 1)
+    dscores = probs.mul_(dprobs.sub_(row_dot)).mul_(scale).to(q.dtype)  # softmax backward
+    del dprobs
+    return torch.matmul(dscores, k), torch.matmul(dscores.transpose(-2, -1), q).float(), dv
+
+
+def _kept_backward(q, k, v, saved, grad_out, scale: float, inv_kept: float):
+    """Backward from the kept probabilities: every chunk saw keys 0 .. its last row, so the key
+    block of chunk j gets the gradients of chunks j, j+1, ...; each block is summed on its own and
+    the blocks concatenated (accumulating into slices of zero tensors instead compiles, on CPU, to
+    one masked kernel that cost more than the attention's own matmuls)."""
+    chunks = _chunks(q)
+    dq, dk, dv = [], [], []
+    for i, (t0, t1) in enumerate(chunks):
+        probs, keep = saved[2 * i].clone(), saved[2 * i + 1]
+        dq_c, dk_c, dv_c = _chunk_backward(probs, keep, grad_out[:, :, t0:t1], q[:, :, t0:t1], k[:, :, :t1],
+                                           v[:, :, :t1], scale, inv_kept)
+        dq.append(dq_c)
+        dk.append(dk_c)
+        dv.append(dv_c)
+
+    def by_key_block(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        blocks = []
+        for j, (a, b) in enumerate(chunks):
+            block = parts[j][:, :, a:b]
+            for part in parts[j + 1:]:
+                block = block + part[:, :, a:b]
+            blocks.append(block)
+        return torch.cat(blocks, dim=2).to(dtype)
+
+    return torch.cat(dq, dim=2), by_key_block(dk, k.dtype), by_key_block(dv, v.dtype)
 
 
 def causal_attention_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float,
