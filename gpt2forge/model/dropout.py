@@ -205,10 +205,11 @@ def _chunk_backward(probs, keep, g, q, k, v, scale: float, inv_kept: float):
 
 
 def _kept_backward(q, k, v, saved, grad_out, scale: float, inv_kept: float):
-    """Backward from the kept probabilities: every chunk saw keys 0 .. its last row, so the key
-    block of chunk j gets the gradients of chunks j, j+1, ...; each block is summed on its own and
-    the blocks concatenated (accumulating into slices of zero tensors instead compiles, on CPU, to
-    one masked kernel that cost more than the attention's own matmuls)."""
+    """Backward from the kept probabilities: every chunk saw keys 0 .. its last row (forward's plan
+    starts each at key 0), so the key block of chunk j gets the gradients of chunks j, j+1, ...;
+    each block is summed on its own and the blocks concatenated (accumulating into slices of zero
+    tensors instead compiles, on CPU, to one masked kernel: ~4 ms a layer at GPT-2 small, B=4, T=256,
+    in a profiled step, against ~0.5 ms for the sums and the concatenation)."""
     chunks = _chunks(q)
     dq, dk, dv = [], [], []
     for i, (t0, t1) in enumerate(chunks):
