@@ -20,7 +20,7 @@ aten = torch.ops.aten
 _SCATTER_ADDS = (aten._unsafe_masked_index_put_accumulate.default, aten.index_put.default)
 
 
-def _zeros_like_result(node: torch.fx.Node) -> bool:
+def _unshared_zeros(node: torch.fx.Node) -> bool:
     """`node` is aten.full(shape, 0), used only by its one scatter."""
     return (node.op == "call_function" and node.target is aten.full.default and node.args[1] == 0
             and len(node.users) == 1)
@@ -33,7 +33,7 @@ def _accumulating_scatter(node) -> bool:
         accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
         if not accumulate:
             return False
-    return len(node.users) == 1 and _zeros_like_result(node.args[0])
+    return len(node.users) == 1 and _unshared_zeros(node.args[0])
 
 
 def _same_tensor_type(a: torch.fx.Node, b: torch.fx.Node) -> bool:
