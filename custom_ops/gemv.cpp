@@ -2,13 +2,22 @@
 //
 // Decoding one token is a chain of matrix-vector products: at batch 1 every weight byte is read
 // once per token, so a decode step is bound by memory bandwidth. BLAS sgemm/sgemv calls with
-// M = 1..8 rows read GPT-2 small's 498 MB of fp32 weights at 12-17 GB/s on the 2-core development
-// machine. This kernel hands W out in chunks of 128 rows to the calling thread and its helper
-// threads (Pool, pool.h). Within a chunk, one row of x is multiplied with 8 rows of W at a time,
-// taken from 8 slices of the chunk, so that 8 read streams are in flight: one core then reads
-// 17-21 GB/s where a row after another gave 13-15 (and torch's sum() 14-17), two cores 20-24.
-// With more rows of x each row of W is read once and multiplied into up to 8 rows of x at a time
-// (8 AVX2 accumulators), so batch 8 costs little more memory traffic than batch 1.
+// M = 1..8 rows read GPT-2 small's 498 MB of fp32 weights at 12-17 GB/s on the 2-core AVX2
+// development machine. This kernel hands W out in chunks of rows to the calling thread and its
+// helper threads (Pool, pool.h). Within a chunk, one row of x is multiplied with S rows of W at a
+// time, taken from S slices of the chunk, so that S read streams are in flight (S = 4 or 8, set by
+// gpt2forge::gemv_set_streams: which is faster depends on the machine's memory system, so
+// gpt2forge.generate.generator measures both). On the AVX2 machine 8 streams read 17-21 GB/s on
+// one core where a row after another gave 13-15 (torch's sum() 14-17), two cores 20-24, and 4
+// streams 0.95-0.97x that; on the 2-core AVX-512 EPYC, a GPT-2 small token took 8.4 ms with 4
+// streams and 9.7 ms with 8 (interleaved, docs/benchmarks.md).
+//
+// Chunks are guided: each takes 1/(2 x threads) of the rows still unassigned, at most kMaxChunkBytes
+// of W (fewer, longer chunks restart the read streams less often: 1.5 MiB chunks against the earlier
+// 384 KiB made that token 8.4 against 9.7 ms with 4 streams) and at least kMinChunkBytes, so
+// the last chunks are small and no thread waits long for another's. With more rows of x each row
+// of W is read once and multiplied into up to 8 rows of x at a time (8 AVX2 accumulators), so
+// batch 8 costs little more memory traffic than batch 1.
 //
 // bf16 weights are read as bf16 (half the bytes) and widened to fp32 in registers; x and the
 // accumulation are fp32 (x is converted once per call), the result is rounded to x's dtype. On a
@@ -19,7 +28,9 @@
 // reference is F.linear (gpt2forge.gemv.gemv_linear falls back to it, and tests compare
 // against it); the sums are taken in another order, so results agree to fp32 rounding. Each
 // row's sum is taken the same way whichever thread computes it: results do not depend on the
-// thread count. gpt2forge::gemv_set_threads(n) sets that count (0: torch's intra-op count).
+// thread count (they may differ in the last bits between 4 and 8 streams at batch 1, which only
+// changes which rows share a loop, not the order of a row's sum). gpt2forge::gemv_set_threads(n)
+// sets that count (0: torch's intra-op count).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -141,10 +152,30 @@ void stream_dots(const float* x, const W* const* w, int64_t K, float* out) {
   for (int r = 0; r < R; ++r) dots_portable<1>(x, K, w[r], K, out + r);
 }
 
-// The rows of W one job hands out at a time (128 rows of 768 fp32: 384 KiB), and the number of
-// read streams one x row is multiplied with.
-constexpr int64_t kChunkRows = 128;
-constexpr int kStreams = 8;
+// The largest and smallest chunk of W one claim takes (header), and the read streams one row of x
+// is multiplied with at batch 1 (gpt2forge::gemv_set_streams).
+constexpr int64_t kMaxChunkBytes = int64_t{3} << 19;  // 1.5 MiB
+constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
+constexpr int kMaxChunks = 1024;
+inline std::atomic<int64_t> stream_setting{4};
+
+// The row bounds of a job's chunks for N rows of `row_bytes` on `threads` threads: chunk c is rows
+// bounds[c] .. bounds[c + 1]; returns the number of chunks. Each chunk is 1/(2 x threads) of the rows
+// left, within [kMinChunkBytes, kMaxChunkBytes], rounded up to a multiple of `multiple` rows.
+int guided_bounds(int64_t N, int64_t row_bytes, int threads, int64_t multiple, int64_t* bounds) {
+  const int64_t most = std::max<int64_t>(1, kMaxChunkBytes / row_bytes);
+  const int64_t least = std::min(most, std::max<int64_t>(1, kMinChunkBytes / row_bytes));
+  const int64_t least_chunk = std::max<int64_t>(least, (N + kMaxChunks - 2) / (kMaxChunks - 1));
+  int n = 0;
+  bounds[0] = 0;
+  for (int64_t lo = 0; lo < N; ++n) {
+    int64_t size = std::clamp<int64_t>((N - lo + 2 * threads - 1) / (2 * threads), least_chunk, std::max(most, least_chunk));
+    size = (size + multiple - 1) / multiple * multiple;
+    lo = std::min(N, lo + size);
+    bounds[n + 1] = lo;
+  }
+  return n;
+}
 
 // y (M, N) fp32 = x (M, K) fp32 @ W.T + b for the rows of W in one chunk.
 template <typename W>
@@ -154,25 +185,31 @@ struct GemvJob {
   const float* b;
   float* y;
   int64_t M, K, N;
+  const int64_t* bounds;  // chunk c is rows bounds[c] .. bounds[c + 1] (guided_bounds)
+  int streams;  // at batch 1: 4 or 8
 
   static void run_chunk(const void* self, int64_t chunk) { static_cast<const GemvJob*>(self)->rows(chunk); }
 
   void rows(int64_t chunk) const {
-    const int64_t lo = chunk * kChunkRows, hi = std::min(N, lo + kChunkRows);
-    if (M == 1) {
-      // kStreams streams, each running down its own contiguous slice of `per` rows.
-      const int64_t per = (hi - lo) / kStreams;
-      for (int64_t i = 0; i < per; ++i) {
-        const W* ws[kStreams];
-        float out[kStreams];
-        for (int s = 0; s < kStreams; ++s) ws[s] = w + (lo + s * per + i) * K;
-        stream_dots<kStreams>(x, ws, K, out);
-        for (int s = 0; s < kStreams; ++s) store(0, lo + s * per + i, out[s]);
-      }
-      for (int64_t n = lo + kStreams * per; n < hi; ++n) row(n);
-      return;
-    }
+    const int64_t lo = bounds[chunk], hi = bounds[chunk + 1];
+    if (M == 1 && streams == 4) return streamed<4>(lo, hi);
+    if (M == 1) return streamed<8>(lo, hi);
     for (int64_t n = lo; n < hi; ++n) row(n);
+  }
+
+  // Rows lo .. hi of W against the one row of x: S streams, each running down its own contiguous
+  // slice of `per` rows.
+  template <int S>
+  void streamed(int64_t lo, int64_t hi) const {
+    const int64_t per = (hi - lo) / S;
+    for (int64_t i = 0; i < per; ++i) {
+      const W* ws[S];
+      float out[S];
+      for (int s = 0; s < S; ++s) ws[s] = w + (lo + s * per + i) * K;
+      stream_dots<S>(x, ws, K, out);
+      for (int s = 0; s < S; ++s) store(0, lo + s * per + i, out[s]);
+    }
+    for (int64_t n = lo + S * per; n < hi; ++n) row(n);
   }
 
   // Every row of x against row n of W, 8, then 4, then 1 rows of x at a time.
@@ -197,6 +234,12 @@ struct GemvJob {
   void store(int64_t m, int64_t n, float v) const { y[m * N + n] = v + (b ? b[n] : 0.0f); }
 };
 
+int64_t gemv_set_streams(int64_t streams) {
+  TORCH_CHECK(streams == 4 || streams == 8, "gpt2forge::gemv_set_streams: expected 4 or 8 read streams, got ",
+              streams);
+  return stream_setting.exchange(streams);
+}
+
 int64_t gemv_set_threads(int64_t threads) {
   TORCH_CHECK(threads >= 0, "gpt2forge::gemv_set_threads: expected a thread count >= 0 (0: torch's), got ", threads);
   return pool_thread_setting.exchange(threads);
@@ -204,8 +247,12 @@ int64_t gemv_set_threads(int64_t threads) {
 
 template <typename W>
 void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N) {
-  const GemvJob<W> job{xp, wp, bp, yp, M, K, N};
-  Pool::get().run(&GemvJob<W>::run_chunk, &job, (N + kChunkRows - 1) / kChunkRows, pool_threads());
+  const int threads = pool_threads();
+  const int streams = static_cast<int>(stream_setting.load(std::memory_order_relaxed));
+  int64_t bounds[kMaxChunks + 1];
+  const int chunks = guided_bounds(N, K * static_cast<int64_t>(sizeof(W)), threads, M == 1 ? streams : 1, bounds);
+  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams};
+  Pool::get().run(&GemvJob<W>::run_chunk, &job, chunks, threads);
 }
 
 at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -243,6 +290,8 @@ TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
   m.def("gemv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   // Returns the previous setting. No tensors: one kernel for every backend.
   m.def("gemv_set_threads(int threads) -> int", &gpt2forge::gemv_set_threads);
+  // Read streams at batch 1 (4 or 8); returns the previous setting.
+  m.def("gemv_set_streams(int streams) -> int", &gpt2forge::gemv_set_streams);
 }
 
 TORCH_LIBRARY_IMPL(gpt2forge, CPU, m) {

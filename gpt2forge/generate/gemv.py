@@ -3,8 +3,9 @@
 A decode step multiplies 1 to 8 rows (one per sequence of the batch) by every weight matrix, so
 its time is the time to read the weights (bf16 weights: half the bytes). `gemv_linear`
 (custom_ops/gemv.cpp) streams each weight once at 17-21 GB/s on one core and 20-24 GB/s on two,
-where BLAS reaches 12-17 GB/s, on the 2-core development machine (benchmarks/generation_latency.py
-has the whole-token figures). `gemv_threads(n)` sets how many threads it uses. Its reference is
+where BLAS reaches 12-17 GB/s, on the 2-core AVX2 development machine (benchmarks/generation_latency.py
+has the whole-token figures). `gemv_threads(n)` sets how many threads it uses, `gemv_streams(s)`
+how many read streams one row of x runs at batch 1 (4 or 8: the faster depends on the machine). Its reference is
 F.linear: the fallback whenever the kernel does not apply (library not built, not CPU fp32/bf16,
 more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of tests/ops/test_custom_ops.py.
 On a CPU without bf16 instructions, where ATen emulates bf16 matmuls (~1 GFLOP/s), bf16 prefill
@@ -51,6 +52,27 @@ def gemv_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.ops.gpt2forge.gemv_set_threads(before)
+
+
+STREAM_CHOICES = (4, 8)
+"""The read-stream counts the kernel takes (gpt2forge.generate.generator measures which is faster)."""
+
+
+@contextlib.contextmanager
+def gemv_streams(n: int) -> Iterator[None]:
+    """The kernel multiplies one row of x with n (4 or 8) rows of W at once inside the block, each
+    from its own slice of the rows, so that n memory read streams are in flight; restored after.
+    Nothing to set when the kernel is not available."""
+    if n not in STREAM_CHOICES:
+        raise ValueError(f"gemv read streams must be one of {STREAM_CHOICES}, got {n}")
+    if not custom_ops.has_op("gemv_set_streams"):
+        yield
+        return
+    before = torch.ops.gpt2forge.gemv_set_streams(n)
+    try:
+        yield
+    finally:
+        torch.ops.gpt2forge.gemv_set_streams(before)
 
 
 @functools.cache

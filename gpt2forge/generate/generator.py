@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 import torch
 
 from gpt2forge.core.runtime import synchronize
-from gpt2forge.generate.gemv import gemv_threads
+from gpt2forge.generate.gemv import STREAM_CHOICES, gemv_streams, gemv_threads
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -108,6 +108,7 @@ class Generator:
         self.vocab_size = model.config.vocab_size
         self.step = self.lm
         self.threads = torch.get_num_threads()  # prefill's, and the decode matmuls'; warm_up may lower it
+        self.streams = STREAM_CHOICES[0]  # the decode matmuls' read streams (CPU); warm_up measures
         self._direct_steps: dict[tuple, DirectStep] = {}  # CPU: input signature -> its graph (_decode_step)
         self._pending: tuple[torch.Tensor, ...] | None = None  # the inputs of the step being compiled
         self._last_graph: DirectStep | None = None  # the graph that ran the latest compiled step
@@ -147,11 +148,11 @@ class Generator:
 
     @torch.no_grad()
     def warm_up(self, steps: int = 3) -> float:
-        """Pick the generation's thread count, then run the decode step `steps` times on dummy
+        """Pick the generation's thread and read-stream counts, then run the decode step `steps` times on dummy
         inputs (compilation, CUDA graph capture, allocator warm-up) so that later timings exclude
         them. Returns the seconds it took."""
         t0 = synchronize(self.device)
-        self.threads = self._probe_threads()
+        self.threads, self.streams = self._probe_settings()
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
         pad = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
         with self._decoding():
@@ -159,9 +160,10 @@ class Generator:
                 self._decode_step(ids, torch.tensor([s], device=self.device), pad)
         return synchronize(self.device) - t0
 
-    def _decoding(self, threads: int | None = None) -> contextlib.AbstractContextManager:
+    def _decoding(self, threads: int | None = None, streams: int | None = None) -> contextlib.AbstractContextManager:
         """The thread settings of a decode step: on CPU, torch's own ops on 1 thread and the
-        matmuls (gpt2forge.generate.gemv) on `threads` (default self.threads).
+        matmuls (gpt2forge.generate.gemv) on `threads` (default self.threads), reading `streams`
+        (default self.streams) streams at once.
 
         The step's attention, LayerNorm and GELU kernels are small: a second thread saves little
         and every OpenMP region waits for its slowest thread, which on a shared machine may be
@@ -175,28 +177,34 @@ class Generator:
         stack = contextlib.ExitStack()
         stack.enter_context(num_threads(1))
         stack.enter_context(gemv_threads(self.threads if threads is None else threads))
+        stack.enter_context(gemv_streams(self.streams if streams is None else streams))
         return stack
 
-    def _probe_threads(self) -> int:
-        """The faster of 1 and all of torch's threads for the matmuls of an (eager) decode step, on CPU.
+    def _probe_settings(self) -> tuple[int, int]:
+        """The fastest (matmul threads, read streams) for an (eager) decode step, on CPU: 1 or all
+        of torch's threads, and each of gpt2forge.generate.gemv.STREAM_CHOICES.
 
         A decode step reads every weight once: one core reads memory nearly as fast as two, and
-        when other processes share the cores a second thread may not run at all. Measured here
-        rather than assumed, alternating the two settings so that a burst of load hits both.
+        when other processes share the cores a second thread may not run at all; and how many
+        read streams a core should keep in flight depends on the memory system (8 were faster on
+        the 2-core AVX2 machine, 4 on the 2-core AVX-512 EPYC: custom_ops/gemv.cpp). Measured here
+        rather than assumed, alternating the settings so that a burst of load hits them all.
         """
         n = torch.get_num_threads()
-        if self.device.type != "cpu" or n == 1:
-            return n
+        if self.device.type != "cpu":
+            return n, self.streams
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long)
         pad = torch.zeros(self.batch_size, dtype=torch.long)
         slot = torch.zeros(1, dtype=torch.long)
+        choices = STREAM_CHOICES if self.batch_size == 1 else (self.streams,)  # streams: batch 1 only
+        settings = [(threads, streams) for threads in sorted({n, 1}, reverse=True) for streams in choices]
         best = {}
-        for threads in (n, 1, n, 1):
-            with self._decoding(threads):
+        for setting in settings * 2:
+            with self._decoding(*setting):
                 for _ in range(3):
                     t0 = time.perf_counter()
                     self.lm(ids, slot, pad)
-                    best[threads] = min(best.get(threads, float("inf")), time.perf_counter() - t0)
+                    best[setting] = min(best.get(setting, float("inf")), time.perf_counter() - t0)
         return min(best, key=best.get)
 
     def _decode_step(self, ids: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:

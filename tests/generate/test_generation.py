@@ -129,18 +129,47 @@ def test_compiled_decode_step_generates_what_the_eager_one_does_call_after_call(
     assert compiled.generate(PROMPTS, 12, GREEDY).tokens == eager.generate(PROMPTS, 12, GREEDY).tokens
 
 
-def test_decode_steps_run_torch_on_one_thread_and_the_matmuls_on_the_generators_count(monkeypatch):
+def test_decode_steps_run_torch_on_one_thread_and_the_matmuls_on_the_generators_settings(monkeypatch):
     from gpt2forge.generate import generator as generator_module
-    set_to = []
+    set_to, streams_set = [], []
     monkeypatch.setattr(generator_module, "gemv_threads", lambda n: set_to.append(n) or contextlib.nullcontext())
+    monkeypatch.setattr(generator_module, "gemv_streams", lambda n: streams_set.append(n) or contextlib.nullcontext())
     gen = Generator(make_model(tiny()), 1, 20)
-    gen.threads = 3
+    gen.threads, gen.streams = 3, 8
     before = torch.get_num_threads()
     with gen._decoding():
-        assert torch.get_num_threads() == 1 and set_to == [3]
-    with gen._decoding(2):
-        assert set_to == [3, 2]
+        assert torch.get_num_threads() == 1 and set_to == [3] and streams_set == [8]
+    with gen._decoding(2, 4):
+        assert set_to == [3, 2] and streams_set == [8, 4]
     assert torch.get_num_threads() == before
+
+
+def test_the_probe_picks_the_fastest_threads_and_streams(monkeypatch):
+    # Every (threads, streams) setting is timed, alternating, and the fastest kept; at batch 1 both
+    # stream counts are tried, at batch 2 only the default (the kernel streams one row of x only).
+    from types import SimpleNamespace
+
+    from gpt2forge.generate import generator as generator_module
+    step_s = {(2, 4): 3.0, (2, 8): 2.0, (1, 4): 5.0, (1, 8): 4.0}
+
+    class FakeStep:  # a decode step whose duration depends on the settings it runs under
+        def __init__(self, batch_size: int):
+            self.batch_size, self.setting, self.clock, self.seen = batch_size, None, 0.0, []
+
+        def __call__(self, *inputs):
+            self.seen.append(self.setting)
+            self.clock += step_s[self.setting]
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for batch, want in ((1, (2, 8)), (2, (2, 4))):
+        gen = Generator(make_model(tiny()), batch, 20)
+        step = FakeStep(batch)
+        monkeypatch.setattr(gen, "lm", step)
+        monkeypatch.setattr(generator_module, "time", SimpleNamespace(perf_counter=lambda step=step: step.clock))
+        monkeypatch.setattr(gen, "_decoding", lambda threads, streams, step=step: (
+            setattr(step, "setting", (threads, streams)) or contextlib.nullcontext()))
+        assert gen._probe_settings() == want
+        assert set(step.seen) == ({(2, 4), (2, 8), (1, 4), (1, 8)} if batch == 1 else {(2, 4), (1, 4)})
 
 
 def test_training_sample_uses_the_cache_and_matches_greedy():

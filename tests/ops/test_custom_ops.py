@@ -298,27 +298,46 @@ def test_gemv_linear_bf16_weights_match_fp32_math_rounded_once(ops, rows: int):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("streams", [4, 8])
 @pytest.mark.parametrize("rows,K,N,dtype", [(1, 768, 1000, torch.float32), (1, 771, 129, torch.float32),
                                             (1, 24, 7, torch.float32), (5, 40, 300, torch.float32),
-                                            (1, 771, 300, torch.bfloat16)])
-def test_gemv_linear_on_several_threads_matches_f_linear(ops, threads: int, rows: int, K: int, N: int,
-                                                         dtype: torch.dtype):
-    # W goes out in 128-row chunks to the caller and its helpers; one row of x reads 8 slices of a
-    # chunk at once. N = 1000: 7 full chunks and one of 104 rows (13 per slice); N = 129: a chunk
-    # of 1 row; N = 7: fewer rows than slices; K = 771 and 24 leave a tail after the 8-float steps.
+                                            (1, 771, 300, torch.bfloat16), (1, 64, 40000, torch.float32),
+                                            (3, 64, 20000, torch.bfloat16)])
+def test_gemv_linear_on_several_threads_matches_f_linear(ops, threads: int, streams: int, rows: int, K: int,
+                                                         N: int, dtype: torch.dtype):
+    # W goes out in guided chunks to the caller and its helpers: each 1/(2 x threads) of the rows
+    # left, between 64 KiB and 1.5 MiB, a multiple of the streams at batch 1; one row of x reads
+    # `streams` slices of a chunk at once. N = 1000 (3 KiB rows): chunks of 250, 188, ... down to 21
+    # rows; N = 40000 and 20000 (256 and 128 B rows): chunks capped at 1.5 MiB, then shrinking;
+    # N = 129: a last chunk of a few rows; N = 7: fewer rows than slices; K = 771 and 24 leave a
+    # tail after the 8-float steps.
     g = torch.Generator().manual_seed(N * K + rows)
     x, W, b = torch.randn(rows, K, generator=g), torch.randn(N, K, generator=g), torch.randn(N, generator=g)
     x, W, b = x.to(dtype), W.to(dtype), b.to(dtype)
-    before = ops.gemv_set_threads(threads)
+    threads_before, streams_before = ops.gemv_set_threads(threads), ops.gemv_set_streams(streams)
     try:
         ys = [ops.gemv_linear(x, W, b) for _ in range(20)]
     finally:
-        ops.gemv_set_threads(before)
+        ops.gemv_set_threads(threads_before)
+        ops.gemv_set_streams(streams_before)
     want = torch.nn.functional.linear(x.float(), W.float(), b.float())
     tol = 1e-4 if dtype == torch.float32 else 8e-3
     torch.testing.assert_close(ys[0].float(), want, rtol=tol, atol=tol * (K / 64) ** 0.5)
     for y in ys[1:]:  # every row is summed the same way whichever thread takes it: bit for bit
         assert torch.equal(y, ys[0])
+
+
+@pytest.mark.slow
+def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
+    before = ops.gemv_set_streams(8)
+    try:
+        assert ops.gemv_set_streams(4) == 8
+        for wrong in (0, 2, 5, 16):
+            with pytest.raises(RuntimeError, match="expected 4 or 8 read streams"):
+                ops.gemv_set_streams(wrong)
+        assert ops.gemv_set_streams(8) == 4
+    finally:
+        ops.gemv_set_streams(before)
 
 
 @pytest.mark.slow
