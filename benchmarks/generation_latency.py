@@ -285,7 +285,8 @@ def main(argv=None) -> int:
             r["fp32_floor_ratio"] = round(o["ms_per_token"] / (r["weights_MB_fp32"] / 1e3 / bw * 1e3), 2)
             results.append(r)
             print(f"{precision} B={B}: ours {o['ms_per_token']} ms/token, {o['new_tokens_per_s']} new tokens/s "
-                  f"({r['ours_threads']} matmul thread(s), {r['ours_streams']} read streams) | transformers {h['ms_per_token']} ms/token, "
+                  f"({r['ours_threads']} matmul thread(s), {r['ours_streams']} read streams) | "
+                  f"transformers {h['ms_per_token']} ms/token, "
                   f"{h['new_tokens_per_s']} new tokens/s ({h['threads']} thread(s), the fastest setting) | "
                   f"latency x{r['speedup_latency']}, throughput x{r['speedup_throughput']} | "
                   f"floor {r['floor_ms_per_token']} ms/token ({r['weights_MB']} MB at {bw:.1f} GB/s), "
