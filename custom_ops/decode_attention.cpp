@@ -51,8 +51,23 @@ template <typename T>
 // weights evict it), and one stream at a time left a core waiting on each line. The kernel is
 // bound by that read: at 128 slots a layer's keys and values are 790 KB. With the AVX2 clone and
 // the vectorized exp below, a layer's call took 52-53 us against 64-70 us before (128 slots, the
-// cache evicted between calls, 2 threads, three alternating runs).
+// cache evicted between calls, 2 threads, three alternating runs; AVX2 machine).
 constexpr int64_t kSegments = 4;
+
+// While the scores are taken, each segment asks for its key row kAheadRows ahead, and for the value
+// row of the key being scored (the values are read next): the memory system then has the values
+// and the coming keys in flight while the core computes. At 128 filled slots (the cache evicted
+// between calls, 12 layers a pass, 40 interleaved passes, AVX-512 EPYC) a call took 39.3 us against
+// 54.2 us without prefetches, 43.4 us with the values' alone; 2 and 8 rows ahead gave 40.3 and 41.0 us
+// (at 64 slots: 23.1 against 31.5 us).
+constexpr int64_t kAheadRows = 4;
+
+// Asks for a row's cache lines ahead of their use (a prefetch never faults).
+template <typename T>
+[[gnu::always_inline]] inline void prefetch_row(const T* row, int64_t D) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
+}
 
 template <typename T>
 [[gnu::always_inline]] inline void attend_one(const float* q, const T* k, const T* v, int64_t lo, int64_t hi,
@@ -61,9 +76,14 @@ template <typename T>
   for (int64_t i = 0; i < per; ++i)
     for (int64_t g = 0; g < kSegments; ++g) {
       const int64_t j = lo + g * per + i;
+      if (i + kAheadRows < per) prefetch_row(k + (j + kAheadRows) * D, D);
+      prefetch_row(v + j * D, D);
       scores[j - lo] = dot(q, k + j * D, D) * scale;
     }
-  for (int64_t j = rest; j <= hi; ++j) scores[j - lo] = dot(q, k + j * D, D) * scale;
+  for (int64_t j = rest; j <= hi; ++j) {
+    prefetch_row(v + j * D, D);
+    scores[j - lo] = dot(q, k + j * D, D) * scale;
+  }
   float top = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j) top = std::max(top, scores[j]);
   float total = 0.0f;
