@@ -9,15 +9,17 @@
 // gpt2forge::gemv_set_streams: which is faster depends on the machine's memory system, so
 // gpt2forge.generate.generator measures both). On the AVX2 machine 8 streams read 17-21 GB/s on
 // one core where a row after another gave 13-15 (torch's sum() 14-17), two cores 20-24, and 4
-// streams 0.95-0.97x that; on the 2-core AVX-512 EPYC, a GPT-2 small token took 8.4 ms with 4
-// streams and 9.7 ms with 8 (interleaved, docs/benchmarks.md).
+// streams 0.95-0.97x that; on the 2-core AVX-512 EPYC a whole GPT-2 small token took 8.44 ms with
+// 4 streams and 9.67 ms with 8 (medians of 4 interleaved generations, docs/benchmarks.md).
 //
 // Chunks are guided: each takes 1/(2 x threads) of the rows still unassigned, at most kMaxChunkBytes
-// of W (fewer, longer chunks restart the read streams less often: 1.5 MiB chunks against the earlier
-// 384 KiB made that token 8.4 against 9.7 ms with 4 streams) and at least kMinChunkBytes, so
-// the last chunks are small and no thread waits long for another's. With more rows of x each row
-// of W is read once and multiplied into up to 8 rows of x at a time (8 AVX2 accumulators), so
-// batch 8 costs little more memory traffic than batch 1.
+// of W and at least kMinChunkBytes, so the last chunks are small and no thread waits long for
+// another's. Longer chunks restart the read streams less often: with fixed chunks and 4 streams that
+// token took 8.71 ms with 768 KiB chunks, 8.47 with 1.5 MiB and 9.78 with 3 MiB (where the last
+// chunks left one thread idle), against 9.69 ms for the earlier 384 KiB chunks with 8 streams; the
+// guided 1.5 MiB chunks 8.41 ms. With more rows of x each row of W is read once and multiplied
+// into up to 8 rows of x at a time (8 AVX2 accumulators), so batch 8 costs little more memory
+// traffic than batch 1.
 //
 // bf16 weights are read as bf16 (half the bytes) and widened to fp32 in registers; x and the
 // accumulation are fp32 (x is converted once per call), the result is rounded to x's dtype. On a
@@ -27,10 +29,9 @@
 // x (M, K) and W (N, K) on the CPU, both fp32 or both bf16, b (N,) of the same dtype or absent. The PyTorch
 // reference is F.linear (gpt2forge.gemv.gemv_linear falls back to it, and tests compare
 // against it); the sums are taken in another order, so results agree to fp32 rounding. Each
-// row's sum is taken the same way whichever thread computes it: results do not depend on the
-// thread count (they may differ in the last bits between 4 and 8 streams at batch 1, which only
-// changes which rows share a loop, not the order of a row's sum). gpt2forge::gemv_set_threads(n)
-// sets that count (0: torch's intra-op count).
+// row's sum is taken the same way whichever thread, chunk or stream computes it: results do not
+// depend on the thread or stream count. gpt2forge::gemv_set_threads(n) sets the thread count (0:
+// torch's intra-op count).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -209,7 +210,12 @@ struct GemvJob {
       stream_dots<S>(x, ws, K, out);
       for (int s = 0; s < S; ++s) store(0, lo + s * per + i, out[s]);
     }
-    for (int64_t n = lo + S * per; n < hi; ++n) row(n);
+    for (int64_t n = lo + S * per; n < hi; ++n) {  // the same sum for a row as in the streams
+      const W* wn = w + n * K;
+      float out;
+      stream_dots<1>(x, &wn, K, &out);
+      store(0, n, out);
+    }
   }
 
   // Every row of x against row n of W, 8, then 4, then 1 rows of x at a time.

@@ -328,6 +328,30 @@ def test_gemv_linear_on_several_threads_matches_f_linear(ops, threads: int, stre
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_linear_results_do_not_depend_on_threads_or_streams(ops, dtype: torch.dtype):
+    # The chunks (and so which rows fall in a chunk's streams or its remainder) change with the
+    # thread and stream counts; every row's sum is taken the same way all the same.
+    # N = 7, 13, 30: rows past the last multiple of 4 or 8 (the streams' remainder) in some settings.
+    g = torch.Generator().manual_seed(7)
+    threads_before, streams_before = ops.gemv_set_threads(1), ops.gemv_set_streams(4)
+    try:
+        for N in (7, 13, 30, 4099):
+            x, W = torch.randn(1, 771, generator=g).to(dtype), torch.randn(N, 771, generator=g).to(dtype)
+            ys = []
+            for threads in (1, 2, 3):
+                for streams in (4, 8):
+                    ops.gemv_set_threads(threads)
+                    ops.gemv_set_streams(streams)
+                    ys.append(ops.gemv_linear(x, W, None))
+            for y in ys[1:]:
+                assert torch.equal(y, ys[0]), f"N = {N}"
+    finally:
+        ops.gemv_set_threads(threads_before)
+        ops.gemv_set_streams(streams_before)
+
+
+@pytest.mark.slow
 def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
     before = ops.gemv_set_streams(8)
     try:
