@@ -5,9 +5,10 @@ its time is the time to read the weights (bf16 weights: half the bytes). `gemv_l
 (custom_ops/gemv.cpp) streams each weight once at 17-21 GB/s on one core and 20-24 GB/s on two,
 where BLAS reaches 12-17 GB/s, on the 2-core AVX2 development machine (benchmarks/generation_latency.py
 has the whole-token figures). `gemv_threads(n)` sets how many threads it uses, `gemv_streams(s)`
-how many read streams one row of x runs at batch 1 (4 or 8: the faster depends on the machine). Its reference is
-F.linear: the fallback whenever the kernel does not apply (library not built, not CPU fp32/bf16,
-more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of tests/ops/test_custom_ops.py.
+how many read streams one row of x keeps in flight at batch 1 (4 or 8: the faster depends on the
+machine). Its reference is F.linear: the fallback whenever the kernel does not apply (library not
+built, not CPU fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
+tests/ops/test_custom_ops.py.
 On a CPU without bf16 instructions, where ATen emulates bf16 matmuls (~1 GFLOP/s), bf16 prefill
 runs on the kernel too, at any row count.
 
