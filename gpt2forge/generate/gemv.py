@@ -39,41 +39,39 @@ def kernel_available() -> bool:
     return custom_ops.has_op("gemv_linear")
 
 
-@contextlib.contextmanager
-def gemv_threads(n: int) -> Iterator[None]:
+def gemv_threads(n: int) -> contextlib.AbstractContextManager:
     """The kernel runs on n threads inside the block (0: torch's intra-op thread count, the
     default), restored after; nothing to set when the kernel is not available. Unlike an OpenMP
     region, a call never waits for a thread that has not started on it (see
     gpt2forge.generate.generator.Generator._decoding, which sets this)."""
-    if not custom_ops.has_op("gemv_set_threads"):
-        yield
-        return
-    before = torch.ops.gpt2forge.gemv_set_threads(n)
-    try:
-        yield
-    finally:
-        torch.ops.gpt2forge.gemv_set_threads(before)
+    return _kernel_setting("gemv_set_threads", n)
 
 
 STREAM_CHOICES = (4, 8)
 """The read-stream counts the kernel takes (gpt2forge.generate.generator measures which is faster)."""
 
 
-@contextlib.contextmanager
-def gemv_streams(n: int) -> Iterator[None]:
+def gemv_streams(n: int) -> contextlib.AbstractContextManager:
     """The kernel multiplies one row of x with n (4 or 8) rows of W at once inside the block, each
     from its own slice of the rows, so that n memory read streams are in flight; restored after.
     Nothing to set when the kernel is not available."""
     if n not in STREAM_CHOICES:
         raise ValueError(f"gemv read streams must be one of {STREAM_CHOICES}, got {n}")
-    if not custom_ops.has_op("gemv_set_streams"):
+    return _kernel_setting("gemv_set_streams", n)
+
+
+@contextlib.contextmanager
+def _kernel_setting(setter: str, value: int) -> Iterator[None]:
+    """torch.ops.gpt2forge.<setter>(value) inside the block (the setter returns the previous
+    setting, restored after); nothing to set when the library does not have it."""
+    if not custom_ops.has_op(setter):
         yield
         return
-    before = torch.ops.gpt2forge.gemv_set_streams(n)
+    before = getattr(torch.ops.gpt2forge, setter)(value)
     try:
         yield
     finally:
-        torch.ops.gpt2forge.gemv_set_streams(before)
+        getattr(torch.ops.gpt2forge, setter)(before)
 
 
 @functools.cache

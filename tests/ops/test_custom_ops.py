@@ -353,6 +353,7 @@ def test_gemv_linear_results_do_not_depend_on_threads_or_streams(ops, dtype: tor
 
 @pytest.mark.slow
 def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
+    from gpt2forge.generate.gemv import gemv_streams
     before = ops.gemv_set_streams(8)
     try:
         assert ops.gemv_set_streams(4) == 8
@@ -360,6 +361,11 @@ def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
             with pytest.raises(RuntimeError, match="expected 4 or 8 read streams"):
                 ops.gemv_set_streams(wrong)
         assert ops.gemv_set_streams(8) == 4
+        with gemv_streams(4):  # the Python side: set inside the block, restored after
+            assert ops.gemv_set_streams(4) == 4
+        assert ops.gemv_set_streams(8) == 8
+        with pytest.raises(ValueError, match="one of \\(4, 8\\), got 5"):
+            gemv_streams(5)
     finally:
         ops.gemv_set_streams(before)
 
