@@ -15,8 +15,8 @@
 // Chunks are guided: each takes 1/(2 x threads) of the rows still unassigned, at most kMaxChunkBytes
 // of W and at least kMinChunkBytes, so the last chunks are small and no thread waits long for
 // another's. Longer chunks restart the read streams less often: with fixed chunks and 4 streams that
-// token took 8.71 ms with 768 KiB chunks, 8.47 with 1.5 MiB and 9.78 with 3 MiB (where the last
-// chunks left one thread idle), against 9.69 ms for the earlier 384 KiB chunks with 8 streams; the
+// token took 8.71 ms with 768 KiB chunks, 8.47 with 1.5 MiB and 9.78 with 3 MiB (probably the last
+// chunks leaving one thread idle), against 9.69 ms for the earlier 384 KiB chunks with 8 streams; the
 // guided 1.5 MiB chunks 8.41 ms. With more rows of x each row of W is read once and multiplied
 // into up to 8 rows of x at a time (8 AVX2 accumulators), so batch 8 costs little more memory
 // traffic than batch 1.
@@ -170,7 +170,8 @@ int guided_bounds(int64_t N, int64_t row_bytes, int threads, int64_t multiple, i
   int n = 0;
   bounds[0] = 0;
   for (int64_t lo = 0; lo < N; ++n) {
-    int64_t size = std::clamp<int64_t>((N - lo + 2 * threads - 1) / (2 * threads), least_chunk, std::max(most, least_chunk));
+    const int64_t share = (N - lo + 2 * threads - 1) / (2 * threads);
+    int64_t size = std::clamp<int64_t>(share, least_chunk, std::max(most, least_chunk));
     size = (size + multiple - 1) / multiple * multiple;
     lo = std::min(N, lo + size);
     bounds[n + 1] = lo;

@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 import torch
 
 from gpt2forge.core.runtime import synchronize
-from gpt2forge.generate.gemv import STREAM_CHOICES, gemv_streams, gemv_threads
+from gpt2forge.generate.gemv import STREAM_CHOICES, gemv_streams, gemv_threads, kernel_available
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -191,13 +191,14 @@ class Generator:
         rather than assumed, alternating the settings so that a burst of load hits them all.
         """
         n = torch.get_num_threads()
-        if self.device.type != "cpu":
+        # The stream count matters at batch 1 only (one row of x), and only on the kernel.
+        choices = STREAM_CHOICES if self.batch_size == 1 and kernel_available() else (self.streams,)
+        settings = [(threads, streams) for threads in sorted({n, 1}, reverse=True) for streams in choices]
+        if self.device.type != "cpu" or len(settings) == 1:
             return n, self.streams
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long)
         pad = torch.zeros(self.batch_size, dtype=torch.long)
         slot = torch.zeros(1, dtype=torch.long)
-        choices = STREAM_CHOICES if self.batch_size == 1 else (self.streams,)  # streams: batch 1 only
-        settings = [(threads, streams) for threads in sorted({n, 1}, reverse=True) for streams in choices]
         best = {}
         for setting in settings * 2:
             with self._decoding(*setting):

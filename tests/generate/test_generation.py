@@ -146,7 +146,8 @@ def test_decode_steps_run_torch_on_one_thread_and_the_matmuls_on_the_generators_
 
 def test_the_probe_picks_the_fastest_threads_and_streams(monkeypatch):
     # Every (threads, streams) setting is timed, alternating, and the fastest kept; at batch 1 both
-    # stream counts are tried, at batch 2 only the default (the kernel streams one row of x only).
+    # stream counts are tried, at batch 2 or without the kernel only the default (the kernel streams
+    # one row of x only).
     from types import SimpleNamespace
 
     from gpt2forge.generate import generator as generator_module
@@ -161,7 +162,8 @@ def test_the_probe_picks_the_fastest_threads_and_streams(monkeypatch):
             self.clock += step_s[self.setting]
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    for batch, want in ((1, (2, 8)), (2, (2, 4))):
+    for batch, kernel, want in ((1, True, (2, 8)), (2, True, (2, 4)), (1, False, (2, 4))):
+        monkeypatch.setattr(generator_module, "kernel_available", lambda kernel=kernel: kernel)
         gen = Generator(make_model(tiny()), batch, 20)
         step = FakeStep(batch)
         monkeypatch.setattr(gen, "lm", step)
@@ -169,7 +171,7 @@ def test_the_probe_picks_the_fastest_threads_and_streams(monkeypatch):
         monkeypatch.setattr(gen, "_decoding", lambda threads, streams, step=step: (
             setattr(step, "setting", (threads, streams)) or contextlib.nullcontext()))
         assert gen._probe_settings() == want
-        assert set(step.seen) == ({(2, 4), (2, 8), (1, 4), (1, 8)} if batch == 1 else {(2, 4), (1, 4)})
+        assert set(step.seen) == ({(2, 4), (2, 8), (1, 4), (1, 8)} if want == (2, 8) else {(2, 4), (1, 4)})
 
 
 def test_training_sample_uses_the_cache_and_matches_greedy():
