@@ -19,7 +19,9 @@
 // chunks leaving one thread idle), against 9.69 ms for the earlier 384 KiB chunks with 8 streams; the
 // guided 1.5 MiB chunks 8.41 ms. With more rows of x each row of W is read once and multiplied
 // into up to 8 rows of x at a time (8 AVX2 accumulators), so batch 8 costs little more memory
-// traffic than batch 1.
+// traffic than batch 1; x is packed once per call so that each step's 8 x vectors are contiguous
+// (pack_rows): the decode weights at 8 rows took 22.8-23.1 against 24.2-24.5 ms unpacked (three
+// alternating runs; one run in a slower memory state gave 25.5).
 //
 // bf16 weights are read as bf16 (half the bytes) and widened to fp32 in registers; x and the
 // accumulation are fp32 (x is converted once per call), the result is rounded to x's dtype. On a
@@ -29,8 +31,9 @@
 // x (M, K) and W (N, K) on the CPU, both fp32 or both bf16, b (N,) of the same dtype or absent. The PyTorch
 // reference is F.linear (gpt2forge.gemv.gemv_linear falls back to it, and tests compare
 // against it); the sums are taken in another order, so results agree to fp32 rounding. Each
-// row's sum is taken the same way whichever thread, chunk or stream computes it: results do not
-// depend on the thread or stream count. gpt2forge::gemv_set_threads(n) sets the thread count (0:
+// row's sum is taken the same way whichever thread, chunk or stream computes it, and (with AVX2)
+// however many rows of x share the call: results do not depend on the thread or stream count, and
+// a row of x gives the same bits alone as in a batch. gpt2forge::gemv_set_threads(n) sets the thread count (0:
 // torch's intra-op count).
 
 #include <ATen/ATen.h>
@@ -45,6 +48,7 @@
 #include <cstdint>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -129,6 +133,33 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
   }
 }
 
+// MB rows of x against one row of W, x packed for the loop: block k/8 holds the 8 values of each of
+// the MB rows at k .. k+8 (xp[k * MB + m * 8 + j] = x[m][k + j]), so each step reads one W vector
+// and MB x vectors from 32 * MB contiguous bytes; the K % 8 tail comes from x itself (rows ldx
+// apart). One accumulator per row and the same reduction as stream_dots_avx2: a row's sum does not
+// depend on how many rows of x share the call.
+template <int MB, typename W>
+__attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restrict xp, const float* __restrict x,
+                                                            int64_t ldx, const W* __restrict w, int64_t K,
+                                                            float* out) {
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  const int64_t K8 = K / 8 * 8;
+  for (int64_t k = 0; k < K8; k += 8) {
+    const __m256 wv = load8(w + k);
+    const float* xb = xp + k * MB;
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + m * 8), wv, acc[m]);
+  }
+  for (int m = 0; m < MB; ++m) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
+    h = _mm_hadd_ps(h, h);
+    h = _mm_hadd_ps(h, h);
+    float s = _mm_cvtss_f32(h);
+    for (int64_t kk = K8; kk < K; ++kk) s += x[m * ldx + kk] * static_cast<float>(w[kk]);
+    out[m] = s;
+  }
+}
+
 bool has_avx2_fma() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
@@ -189,6 +220,7 @@ struct GemvJob {
   int64_t M, K, N;
   const int64_t* bounds;  // chunk c is rows bounds[c] .. bounds[c + 1] (guided_bounds)
   int streams;  // at batch 1: 4 or 8
+  const float* packed;  // M > 1 with AVX2: x's groups of 8, 4 and 1 rows packed (pack_rows), else null
 
   static void run_chunk(const void* self, int64_t chunk) { static_cast<const GemvJob*>(self)->rows(chunk); }
 
@@ -224,6 +256,24 @@ struct GemvJob {
     const W* wn = w + n * K;
     float out[8];
     int64_t m = 0;
+#ifdef GPT2FORGE_GEMV_AVX2
+    if (packed != nullptr) {
+      const int64_t K8 = K / 8 * 8;
+      for (; m + 8 <= M; m += 8) {
+        packed_dots_avx2<8>(packed + m * K8, x + m * K, K, wn, K, out);
+        for (int i = 0; i < 8; ++i) store(m + i, n, out[i]);
+      }
+      for (; m + 4 <= M; m += 4) {
+        packed_dots_avx2<4>(packed + m * K8, x + m * K, K, wn, K, out);
+        for (int i = 0; i < 4; ++i) store(m + i, n, out[i]);
+      }
+      for (; m < M; ++m) {
+        packed_dots_avx2<1>(packed + m * K8, x + m * K, K, wn, K, out);
+        store(m, n, out[0]);
+      }
+      return;
+    }
+#endif
     for (; m + 8 <= M; m += 8) {
       dots<8>(x + m * K, K, wn, K, out);
       for (int i = 0; i < 8; ++i) store(m + i, n, out[i]);
@@ -252,13 +302,33 @@ int64_t gemv_set_threads(int64_t threads) {
   return pool_thread_setting.exchange(threads);
 }
 
+#ifdef GPT2FORGE_GEMV_AVX2
+// x (M, K)'s rows in the groups GemvJob::row takes them (8 at a time, then 4, then 1), each group
+// of MB rows starting at m packed at m * K8 as packed_dots_avx2 reads it (K8 = K rounded down to 8).
+std::vector<float> pack_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t K8 = K / 8 * 8;
+  std::vector<float> packed(static_cast<size_t>(M * K8));
+  int64_t m = 0;
+  for (const int64_t MB : {8, 4, 1})
+    for (; m + MB <= M; m += MB)
+      for (int64_t k = 0; k < K8; k += 8)
+        for (int64_t r = 0; r < MB; ++r)
+          for (int64_t j = 0; j < 8; ++j) packed[m * K8 + k * MB + r * 8 + j] = x[(m + r) * K + k + j];
+  return packed;
+}
+#endif
+
 template <typename W>
 void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N) {
   const int threads = pool_threads();
   const int streams = static_cast<int>(stream_setting.load(std::memory_order_relaxed));
   int64_t bounds[kMaxChunks + 1];
   const int chunks = guided_bounds(N, K * static_cast<int64_t>(sizeof(W)), threads, M == 1 ? streams : 1, bounds);
-  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams};
+  std::vector<float> packed;
+#ifdef GPT2FORGE_GEMV_AVX2
+  if (M > 1 && has_avx2_fma()) packed = pack_rows(xp, M, K);
+#endif
+  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, packed.empty() ? nullptr : packed.data()};
   Pool::get().run(&GemvJob<W>::run_chunk, &job, chunks, threads);
 }
 

@@ -352,6 +352,21 @@ def test_gemv_linear_results_do_not_depend_on_threads_or_streams(ops, dtype: tor
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="the same bits alone and in a batch is a property of the AVX2 loops")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_linear_gives_a_row_the_same_bits_alone_and_in_a_batch(ops, dtype: torch.dtype):
+    # Batches of 2-16 rows go 8, 4 and 1 rows at a time through x packed per group; every row's
+    # sum is the one the batch-1 streams take (K = 771 leaves a tail after the packed steps).
+    g = torch.Generator().manual_seed(3)
+    x, W = torch.randn(16, 771, generator=g).to(dtype), torch.randn(300, 771, generator=g).to(dtype)
+    b = torch.randn(300, generator=g).to(dtype)
+    alone = torch.cat([ops.gemv_linear(x[i:i + 1], W, b) for i in range(16)])
+    for M in (2, 5, 8, 13, 16):
+        assert torch.equal(ops.gemv_linear(x[:M], W, b), alone[:M]), f"{M} rows"
+
+
+@pytest.mark.slow
 def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
     from gpt2forge.generate.gemv import gemv_streams
     before = ops.gemv_set_streams(8)
