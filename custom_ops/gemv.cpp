@@ -114,12 +114,25 @@ __attribute__((target("avx2,fma"))) void dots_avx2(const float* __restrict x, in
 }
 
 // R rows of W against one row of x, one accumulator per row (R = 8 covers the FMA latency).
+// How far ahead of its reads each stream asks for W's lines. The hardware prefetchers restart at
+// every chunk and slice; asking 1 KiB ahead made a GPT-2 small token 10.74 against 11.25 ms
+// (medians of 8 interleaved generations, 44-48 GB/s state, AVX-512 EPYC; 2 and 4 KiB gave 10.95
+// and 11.32 ms), and 12.10 against 12.76 ms in another run (faster in all 14 rounds, 36-45 GB/s).
+constexpr int64_t kAheadBytes = 1024;
+
 template <int R, typename W>
 __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restrict x, const W* const* w, int64_t K,
                                                             float* out) {
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W));
   int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {  // 64 bytes of fp32 W a step: one prefetch per line and stream
+    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + k + ahead), _MM_HINT_T0);
+    const __m256 xv = _mm256_loadu_ps(x + k), xv2 = _mm256_loadu_ps(x + k + 8);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv, load8(w[r] + k), acc[r]);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv2, load8(w[r] + k + 8), acc[r]);
+  }
   for (; k + 8 <= K; k += 8) {
     const __m256 xv = _mm256_loadu_ps(x + k);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv, load8(w[r] + k), acc[r]);
