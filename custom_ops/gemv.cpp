@@ -85,41 +85,13 @@ __attribute__((target("avx2"))) inline __m256 load8(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-// The same with AVX2 + FMA. U independent accumulators per row of x hide the FMA latency; with 8
-// rows one each is enough (and 16 would spill the 16 ymm registers).
-template <int MB, typename W, int U = (MB >= 8 ? 1 : 2)>
-__attribute__((target("avx2,fma"))) void dots_avx2(const float* __restrict x, int64_t ldx,
-                                                     const W* __restrict w, int64_t K, float* out) {
-  __m256 acc[MB][U];
-  for (int m = 0; m < MB; ++m)
-    for (int u = 0; u < U; ++u) acc[m][u] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 8 * U <= K; k += 8 * U) {
-    for (int u = 0; u < U; ++u) {
-      const __m256 wv = load8(w + k + 8 * u);
-      for (int m = 0; m < MB; ++m)
-        acc[m][u] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * ldx + k + 8 * u), wv, acc[m][u]);
-    }
-  }
-  for (int m = 0; m < MB; ++m) {
-    __m256 v = acc[m][0];
-    for (int u = 1; u < U; ++u) v = _mm256_add_ps(v, acc[m][u]);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_hadd_ps(h, h);
-    h = _mm_hadd_ps(h, h);
-    float s = _mm_cvtss_f32(h);
-    for (int64_t kk = k; kk < K; ++kk) s += x[m * ldx + kk] * static_cast<float>(w[kk]);
-    out[m] = s;
-  }
-}
-
-// R rows of W against one row of x, one accumulator per row (R = 8 covers the FMA latency).
 // How far ahead of its reads each stream asks for W's lines. The hardware prefetchers restart at
 // every chunk and slice; asking 1 KiB ahead made a GPT-2 small token 10.74 against 11.25 ms
 // (medians of 8 interleaved generations, 44-48 GB/s state, AVX-512 EPYC; 2 and 4 KiB gave 10.95
 // and 11.32 ms), and 12.10 against 12.76 ms in another run (faster in all 14 rounds, 36-45 GB/s).
 constexpr int64_t kAheadBytes = 1024;
 
+// R rows of W against one row of x, one accumulator per row (R = 4 or 8 independent chains).
 template <int R, typename W>
 __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restrict x, const W* const* w, int64_t K,
                                                             float* out) {
@@ -184,14 +156,6 @@ bool has_avx2_fma() {
 }
 #endif
 
-template <int MB, typename W>
-void dots(const float* x, int64_t ldx, const W* w, int64_t K, float* out) {
-#ifdef GPT2FORGE_GEMV_AVX2
-  if (has_avx2_fma()) return dots_avx2<MB>(x, ldx, w, K, out);
-#endif
-  dots_portable<MB>(x, ldx, w, K, out);
-}
-
 // One row of x against R rows of W at once (w[r] points at row r): R independent read streams
 // keep more cache-line misses in flight than one row after another (figures at the top).
 template <int R, typename W>
@@ -207,8 +171,8 @@ void stream_dots(const float* x, const W* const* w, int64_t K, float* out) {
 constexpr int64_t kMaxChunkBytes = int64_t{3} << 19;  // 1.5 MiB
 constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
 constexpr int kMaxChunks = 1024;
-// Rows of x (at most) and of W in the output tile of GemvJob::rows with several rows of x.
-constexpr int64_t kTileX = 16, kTileW = 64;
+// Rows of W in the output tile of GemvJob::rows with several rows of x.
+constexpr int64_t kTileW = 64;
 inline std::atomic<int64_t> stream_setting{4};
 
 // The row bounds of a job's chunks for N rows of `row_bytes` on `threads` threads: chunk c is rows
@@ -248,19 +212,13 @@ struct GemvJob {
     const int64_t lo = bounds[chunk], hi = bounds[chunk + 1];
     if (M == 1 && streams == 4) return streamed<4>(lo, hi);
     if (M == 1) return streamed<8>(lo, hi);
-    if (M > kTileX) {
-      for (int64_t n = lo; n < hi; ++n) {
-        row(n, y + n, N);
-        if (b != nullptr)
-          for (int64_t m = 0; m < M; ++m) y[m * N + n] += b[n];
-      }
-      return;
-    }
-    // Up to kTileX rows of x: kTileW rows of W at a time into a tile, written out row of y by row
-    // of y. Storing each result straight into y (M stores N floats apart per row of W) halved the
-    // loop's speed: 8 rows of x against a 65536 x 768 W took 38.9 GFLOP/s on one thread and 66-77 on
-    // two, against 72.9 and 114-135 with the tile.
-    float tile[kTileX * kTileW];
+    // kTileW rows of W at a time into a (M, kTileW) tile, written out row of y by row of y. Storing
+    // each result straight into y (M stores N floats apart per row of W) halved the loop's speed: 8
+    // rows of x against a 65536 x 768 W took 38.9 GFLOP/s on one thread and 66-77 on two, against
+    // 72.9 and 114-135 with the tile.
+    thread_local std::vector<float> tile_buffer;  // this thread's, grown to the largest M seen
+    if (tile_buffer.size() < static_cast<size_t>(M * kTileW)) tile_buffer.resize(static_cast<size_t>(M * kTileW));
+    float* tile = tile_buffer.data();
     for (int64_t t = lo; t < hi; t += kTileW) {
       const int64_t here = std::min(kTileW, hi - t);
       for (int64_t i = 0; i < here; ++i) row(t + i, tile + i, kTileW);
@@ -299,7 +257,7 @@ struct GemvJob {
       for (int i = 0; i < count; ++i) out_base[(m + i) * stride] = out[i];
     };
 #ifdef GPT2FORGE_GEMV_AVX2
-    if (packed != nullptr) {
+    if (packed != nullptr) {  // always with AVX2 (gemv_rows)
       const int64_t K8 = K / 8 * 8;
       for (; m + 8 <= M; m += 8) {
         packed_dots_avx2<8>(packed + m * K8, x + m * K, K, wn, K, out);
@@ -317,15 +275,15 @@ struct GemvJob {
     }
 #endif
     for (; m + 8 <= M; m += 8) {
-      dots<8>(x + m * K, K, wn, K, out);
+      dots_portable<8>(x + m * K, K, wn, K, out);
       put(8);
     }
     for (; m + 4 <= M; m += 4) {
-      dots<4>(x + m * K, K, wn, K, out);
+      dots_portable<4>(x + m * K, K, wn, K, out);
       put(4);
     }
     for (; m < M; ++m) {
-      dots<1>(x + m * K, K, wn, K, out);
+      dots_portable<1>(x + m * K, K, wn, K, out);
       put(1);
     }
   }
@@ -349,7 +307,7 @@ int64_t gemv_set_threads(int64_t threads) {
 // of MB rows starting at m packed at m * K8 as packed_dots_avx2 reads it (K8 = K rounded down to 8).
 std::vector<float> pack_rows(const float* x, int64_t M, int64_t K) {
   const int64_t K8 = K / 8 * 8;
-  std::vector<float> packed(static_cast<size_t>(M * K8));
+  std::vector<float> packed(static_cast<size_t>(std::max<int64_t>(1, M * K8)));  // K < 8: empty, but a pointer
   int64_t m = 0;
   for (const int64_t MB : {8, 4, 1})
     for (; m + MB <= M; m += MB)
@@ -366,7 +324,7 @@ void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t
   const int streams = static_cast<int>(stream_setting.load(std::memory_order_relaxed));
   int64_t bounds[kMaxChunks + 1];
   const int chunks = guided_bounds(N, K * static_cast<int64_t>(sizeof(W)), threads, M == 1 ? streams : 1, bounds);
-  std::vector<float> packed;
+  std::vector<float> packed;  // never empty once packed
 #ifdef GPT2FORGE_GEMV_AVX2
   if (M > 1 && has_avx2_fma()) packed = pack_rows(xp, M, K);
 #endif
