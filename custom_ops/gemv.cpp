@@ -91,6 +91,16 @@ __attribute__((target("avx2"))) inline __m256 load8(const c10::BFloat16* p) {
 // and 11.32 ms), and 12.10 against 12.76 ms in another run (faster in all 14 rounds, 36-45 GB/s).
 constexpr int64_t kAheadBytes = 1024;
 
+// The prefetches are non-temporal: W is read once per token, and a temporal fetch of half a GB
+// evicted from every cache level what the rest of the step and the Python loop around it use
+// again each token (activations, the KV cache, the compiled step's ~175 input tensors, the
+// interpreter's own data). With NTA, the time a GPT-2 small token spends outside the matmul
+// calls fell from 816 to 492 us and the token from 10.16 to 9.76 ms (medians of 8 interleaved
+// generations, 44-49 GB/s state; faster in 7 of 8 rounds). In the machine's 65-75 GB/s state it
+// made no difference (8.10 against 8.18 ms, 6 rounds); T2 hints changed nothing either way, and
+// NTA with 512 B, 2 and 4 KiB ahead was no better than 1 KiB.
+[[gnu::always_inline]] inline void prefetch_once(const void* p) { __builtin_prefetch(p, 0, 0); }  // prefetchnta
+
 // R rows of W against one row of x, one accumulator per row (R = 4 or 8 independent chains).
 template <int R, typename W>
 __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restrict x, const W* const* w, int64_t K,
@@ -100,7 +110,7 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
   constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W));
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {  // 64 bytes of fp32 W a step: one prefetch per line and stream
-    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w[r] + k + ahead), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) prefetch_once(w[r] + k + ahead);
     const __m256 xv = _mm256_loadu_ps(x + k), xv2 = _mm256_loadu_ps(x + k + 8);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv, load8(w[r] + k), acc[r]);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv2, load8(w[r] + k + 8), acc[r]);
@@ -125,7 +135,8 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
 // apart). One accumulator per row and the same reduction as stream_dots_avx2: a row's sum does not
 // depend on how many rows of x share the call. As the streams do, it asks for W kAheadBytes
 // ahead: GPT-2 small's decode weights at 8 rows of x took 16.4-17.3 against 18.7-19.6 ms (6
-// interleaved passes).
+// interleaved passes); non-temporally, a whole batch-8 token took 19.23 against 19.35 ms (medians
+// of 6 interleaved rounds: no clear difference).
 template <int MB, typename W>
 __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restrict xp, const float* __restrict x,
                                                             int64_t ldx, const W* __restrict w, int64_t K,
@@ -135,7 +146,7 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
   const int64_t K8 = K / 8 * 8;
   constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W)), line = 64 / sizeof(W);
   for (int64_t k = 0; k < K8; k += 8) {
-    if ((k & (line - 1)) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + ahead), _MM_HINT_T0);
+    if ((k & (line - 1)) == 0) prefetch_once(w + k + ahead);
     const __m256 wv = load8(w + k);
     const float* xb = xp + k * MB;
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + m * 8), wv, acc[m]);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 
@@ -24,13 +25,18 @@ namespace gpt2forge {
 // on the shared 2-core development machine that wait turned a 0.1 ms call into 8 ms. (A helper
 // descheduled while it holds a chunk still makes the caller wait: under steady load on the other
 // core one thread is faster, which Generator's thread probe finds out.) Idle helpers spin for
-// 8192 pauses, 0.2-0.5 ms (longer than the gaps between a decode step's matmuls), then sleep
-// until the next job. One job at a time: a second caller (another Python thread, or a call from
-// inside a parallel region) runs its job alone.
+// kSpin, then sleep until the next job. One job at a time: a second caller (another Python thread,
+// or a call from inside a parallel region) runs its job alone.
 class Pool {
  public:
   using Body = void (*)(const void* ctx, int64_t chunk);
   static constexpr int kMaxHelpers = 63;
+  // How long an idle helper spins before it sleeps: longer than the gap between two decode steps
+  // (GPT-2 small: ~0.3 ms from the LM head's matmul to the next token's first, the token chosen and
+  // the compiled step entered in between). A sleeping helper joined that first matmul ~80 us late
+  // (futex wake-up, AVX-512 EPYC VM); with 8192 pauses (~0.2 ms) it slept every token, and a
+  // whole token took 8.27 ms against 8.14 ms when it spun on (medians of 8 interleaved rounds).
+  static constexpr std::chrono::microseconds kSpin{2000};
 
   static Pool& get() {
     static Pool* pool = new Pool();  // never destroyed: helpers may still be spinning at exit
@@ -113,12 +119,13 @@ class Pool {
     }
   }
 
-  // The word of the first job after generation `seen`: spin, then sleep on the bell.
+  // The word of the first job after generation `seen`: spin for kSpin, then sleep on the bell.
   uint64_t next_job(uint32_t seen) {
+    auto since = std::chrono::steady_clock::now();
     for (int spins = 0;; ++spins) {
       uint64_t w = word_.load(std::memory_order_acquire);
       if (generation(w) != seen) return w;
-      if (spins < (1 << 13)) {
+      if (spins % 64 != 63 || std::chrono::steady_clock::now() - since < kSpin) {  // the clock every 64 pauses
         pause();
         continue;
       }
@@ -126,7 +133,7 @@ class Pool {
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
       if (generation(word_.load(std::memory_order_seq_cst)) == seen) bell_.wait(ticket);
       sleepers_.fetch_sub(1, std::memory_order_relaxed);
-      spins = 0;
+      since = std::chrono::steady_clock::now();
     }
   }
 

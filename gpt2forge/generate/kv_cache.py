@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt2forge.generate.gemv import with_gemv_linears
+from gpt2forge.generate.gemv import GemvLinear, gemv_linear, with_gemv_linears
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.ops import library as custom_ops
 
@@ -68,8 +68,8 @@ class CachedLM(nn.Module):
     """`model` plus a KV cache for `batch_size` rows of up to `max_len` tokens.
 
     `forward(ids, slots, pad)` runs ids (B, T) whose tokens occupy cache slots `slots` (T,) and
-    returns the logits of the LAST position only, (B, padded_vocab) with padded ids at -inf: the
-    LM head never runs for the other prompt positions. Prefill is one call with T = P; each decode
+    returns the logits of the LAST position only, (B, vocab_size): the LM head never runs for the
+    other prompt positions, nor for the embedding's padding rows. Prefill is one call with T = P; each decode
     step is a call with T = 1 (static shapes, so the step compiles once).
     """
 
@@ -103,4 +103,8 @@ class CachedLM(nn.Module):
         layers = [_LayerKV(getattr(self, f"k{i}"), getattr(self, f"v{i}"), slots, mask, pad, self.decode_kernel)
                   for i in range(self.model.config.n_layer)]
         hidden = self.model.transformer(ids, position_ids, layers)  # (B, T, C)
-        return self.model.logits(hidden[:, -1])  # (B, padded_vocab)
+        # The vocabulary's rows of the head only: with all padded_vocab rows, setting the padding's
+        # logits to -inf made the compiled step sweep every logit again after the head's matmul.
+        head, V = self.model.lm_head, self.model.config.vocab_size
+        linear = gemv_linear if isinstance(head, GemvLinear) else F.linear
+        return linear(hidden[:, -1], head.weight[:V], None if head.bias is None else head.bias[:V])  # (B, V)

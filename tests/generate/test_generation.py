@@ -103,7 +103,7 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, rtol, atol):
         logits = lm(ids, torch.arange(P), pad)
         for t in range(10):
             for b, seq in enumerate(seqs):
-                full = model(torch.tensor([seq]))[0, -1]
+                full = model(torch.tensor([seq]))[0, -1, :model.config.vocab_size]
                 torch.testing.assert_close(logits[b].float(), full.float(), rtol=rtol, atol=atol)
                 seq.append(int(feed[t, b]))
             logits = lm(feed[t][:, None], torch.tensor([P + t]), pad)

@@ -492,6 +492,53 @@ def test_decode_attention_refuses_bad_arguments(ops, case: str, match: str):
         ops.decode_attention(q, k, v, pad, slot, 1.0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("V", [1, 7, 31, 32, 65, 100, 8191, 8192, 8193, 20000, 50257])
+def test_argmax_rows_equals_torch_argmax(ops, V: int, threads: int):
+    # Parts of 8192 values shared by the pool's threads, 32 values a step and a scalar tail. Row 0:
+    # random; 1: few distinct values, so the largest repeats (the first one wins, across lanes and
+    # parts); 2: all -inf; 3: the largest value twice, early and last; 4: NaNs (the first NaN wins,
+    # torch's rule) after a +inf. The rows are a strided view, as the logits cut to the vocabulary are.
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(5, V + 3, generator=g)[:, :V]
+    x[1] = x[1].mul(0.7).round()
+    x[2] = float("-inf")
+    x[3, V // 3] = x[3, V - 1] = 100.0
+    x[4, V // 2] = float("inf")
+    x[4, (2 * V) // 3:] = float("nan")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = ops.argmax_rows(x)
+    finally:
+        torch.set_num_threads(before)
+    assert got.dtype == torch.int64
+    assert got.tolist() == x.argmax(dim=-1).tolist()
+    assert ops.argmax_rows(x.contiguous()).tolist() == got.tolist()
+
+
+@pytest.mark.parametrize("x", [torch.zeros(2, 3, dtype=torch.float64), torch.zeros(6), torch.zeros(2, 0)],
+                         ids=["float64", "1-d", "empty rows"])
+def test_argmax_rows_refuses_what_it_does_not_take(ops, x: torch.Tensor):
+    with pytest.raises(RuntimeError, match="expected a CPU float32 tensor"):
+        ops.argmax_rows(x)
+
+
+def test_greedy_choice_takes_the_op_for_cpu_fp32_logits_and_torch_otherwise(ops, monkeypatch: pytest.MonkeyPatch):
+    from gpt2forge.generate import sampling
+    calls = []
+    kernel = ops.argmax_rows
+    monkeypatch.setattr(torch.ops.gpt2forge, "argmax_rows", lambda x: calls.append(x.dtype) or kernel(x))
+    logits = torch.randn(3, 60, generator=torch.Generator().manual_seed(0))
+    greedy = sampling.SamplingConfig(greedy=True)
+    want = logits[:, :50].argmax(-1).tolist()
+    assert sampling.next_token(logits, greedy, 50).tolist() == want
+    assert sampling.next_token(logits.bfloat16(), greedy, 50).tolist() == logits[:, :50].bfloat16().argmax(-1).tolist()
+    assert calls == [torch.float32, torch.float32]  # bf16 logits are widened first
+    assert sampling.argmax_rows(logits.double()).tolist() == logits.argmax(-1).tolist()  # torch's
+    assert len(calls) == 2
+
+
 def test_cached_lm_runs_the_decode_kernel_for_one_query_only(ops, monkeypatch: pytest.MonkeyPatch):
     from gpt2forge.generate.kv_cache import CachedLM
     from gpt2forge.model.config import ModelConfig
