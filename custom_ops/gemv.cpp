@@ -46,7 +46,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -313,6 +316,51 @@ int64_t gemv_set_threads(int64_t threads) {
   return pool_thread_setting.exchange(threads);
 }
 
+// Two sides of the pool passing a cache line back and forth (pool_round_trip_ns).
+struct PingPong {
+  int64_t rounds;
+  mutable std::atomic<int> sides{0};
+  alignas(64) mutable std::atomic<int64_t> turn{0};  // 2i: side 0's move, 2i + 1: side 1's; -1: given up
+  mutable double ns = std::numeric_limits<double>::quiet_NaN();
+
+  static void run(const void* self, int64_t) { static_cast<const PingPong*>(self)->play(); }
+
+  void play() const {
+    const int side = sides.fetch_add(1);
+    if (side > 1) return;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < rounds; ++i) {
+      const int64_t want = 2 * i + side;
+      for (int64_t seen = turn.load(std::memory_order_acquire); seen != want;
+           seen = turn.load(std::memory_order_acquire)) {
+        if (seen < 0) return;
+        if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(100)) {
+          turn.store(-1, std::memory_order_release);  // the other side never came (no helper running)
+          return;
+        }
+      }
+      turn.store(want + 1, std::memory_order_release);
+    }
+    if (side == 0) ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count() / rounds;
+  }
+};
+
+// The round trip of a cache line between the caller's core and the pool's first helper's, in ns
+// (the mean over `rounds` exchanges); NaN when no helper took part. How far apart the two cores
+// are shapes every call: on the 2-core EPYC VM the two vCPUs were sometimes 90-140 ns apart and
+// sometimes 400-640 ns (on different core complexes, each with its own L3 and memory path:
+// `sum()` then read 65-75 GB/s instead of 44-49), and the decode step's work outside its matmuls,
+// which passes data between the threads, took about 1.1 ms a token in the far state against
+// 0.5-0.9 in the near one (benchmarks/generation_latency.py prints it).
+double pool_round_trip_ns(int64_t rounds) {
+  TORCH_CHECK(rounds >= 1, "gpt2forge::pool_round_trip_ns: expected rounds >= 1, got ", rounds);
+  for (int attempt = 0;; ++attempt) {  // a helper started by the first job only takes part in later ones
+    const PingPong game{rounds};
+    Pool::get().run(&PingPong::run, &game, 2, 2);
+    if (!std::isnan(game.ns) || attempt == 1) return game.ns;
+  }
+}
+
 #ifdef GPT2FORGE_GEMV_AVX2
 // x (M, K)'s rows in the groups GemvJob::row takes them (8 at a time, then 4, then 1), each group
 // of MB rows starting at m packed at m * K8 as packed_dots_avx2 reads it (K8 = K rounded down to 8).
@@ -380,6 +428,8 @@ TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
   m.def("gemv_set_threads(int threads) -> int", &gpt2forge::gemv_set_threads);
   // Read streams at batch 1 (4 or 8); returns the previous setting.
   m.def("gemv_set_streams(int streams) -> int", &gpt2forge::gemv_set_streams);
+  // The caller's and the first helper's cores: a cache line's round trip in ns (NaN: no helper).
+  m.def("pool_round_trip_ns(int rounds) -> float", &gpt2forge::pool_round_trip_ns);
 }
 
 TORCH_LIBRARY_IMPL(gpt2forge, CPU, m) {

@@ -53,6 +53,7 @@ def test_generation_latency_prints_the_floor_ratio():
     out = run(["benchmarks/generation_latency.py", "--model", "gpt2-test", "--quick", "--no-compile",
                "--prompt-len", "8", "--new-tokens", "4", "--hf-threads", "ours"])
     assert "ours / floor:" in out and "triad" in out and "bandwidth at the end" in out
+    assert "ours / the floor measured around ours in each round (" in out
 
 
 @pytest.mark.heavy

@@ -385,6 +385,14 @@ def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
         ops.gemv_set_streams(before)
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: the caller's and a helper's")
+def test_pool_round_trip_is_a_positive_time_and_refuses_no_rounds(ops):
+    ns = ops.pool_round_trip_ns(2000)
+    assert 0 < ns < 1e6  # a cache line between two cores: tens to hundreds of ns, not a sleep
+    with pytest.raises(RuntimeError, match="expected rounds >= 1"):
+        ops.pool_round_trip_ns(0)
+
+
 @pytest.mark.slow
 def test_gemv_set_threads_returns_the_previous_count_and_refuses_negative_ones(ops):
     before = ops.gemv_set_threads(3)
