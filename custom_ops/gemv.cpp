@@ -99,8 +99,9 @@ constexpr int64_t kAheadBytes = 1024;
 // again each token (activations, the KV cache, the compiled step's ~175 input tensors, the
 // interpreter's own data). With NTA, the time a GPT-2 small token spends outside the matmul
 // calls fell from 816 to 492 us and the token from 10.16 to 9.76 ms (medians of 8 interleaved
-// generations, 44-49 GB/s state; faster in 7 of 8 rounds). In the machine's 65-75 GB/s state it
-// made no difference (8.10 against 8.18 ms, 6 rounds); T2 hints changed nothing either way, and
+// generations, 44-49 GB/s state; faster in 7 of 8 rounds). In the machine's 65-75 GB/s state (its
+// two vCPUs on different core complexes, pool_round_trip_ns below) it made no difference (8.10
+// against 8.18 ms, 6 rounds); T2 hints changed nothing either way, and
 // NTA with 512 B, 2 and 4 KiB ahead was no better than 1 KiB.
 [[gnu::always_inline]] inline void prefetch_once(const void* p) { __builtin_prefetch(p, 0, 0); }  // prefetchnta
 
@@ -347,11 +348,11 @@ struct PingPong {
 
 // The round trip of a cache line between the caller's core and the pool's first helper's, in ns
 // (the mean over `rounds` exchanges); NaN when no helper took part. How far apart the two cores
-// are shapes every call: on the 2-core EPYC VM the two vCPUs were sometimes 90-140 ns apart and
-// sometimes 400-640 ns (on different core complexes, each with its own L3 and memory path:
-// `sum()` then read 65-75 GB/s instead of 44-49), and the decode step's work outside its matmuls,
+// are shapes every call: on the 2-core EPYC VM this read 40-65 ns at times and 364-395 ns at
+// others (the two vCPUs on different core complexes, each with its own L3 and memory path:
+// `sum()` then read 63-76 GB/s instead of 44-49), and the decode step's work outside its matmuls,
 // which passes data between the threads, took about 1.1 ms a token in the far state against
-// 0.5-0.9 in the near one (benchmarks/generation_latency.py prints it).
+// 0.5-0.9 in the near one (benchmarks/generation_latency.py prints it with each round).
 double pool_round_trip_ns(int64_t rounds) {
   TORCH_CHECK(rounds >= 1, "gpt2forge::pool_round_trip_ns: expected rounds >= 1, got ", rounds);
   for (int attempt = 0;; ++attempt) {  // a helper started by the first job only takes part in later ones

@@ -122,7 +122,7 @@ class Pool {
   // The word of the first job after generation `seen`: spin for kSpin, then sleep on the bell.
   uint64_t next_job(uint32_t seen) {
     auto since = std::chrono::steady_clock::now();
-    for (int spins = 0;; ++spins) {
+    for (uint32_t spins = 0;; ++spins) {
       uint64_t w = word_.load(std::memory_order_acquire);
       if (generation(w) != seen) return w;
       if (spins % 64 != 63 || std::chrono::steady_clock::now() - since < kSpin) {  // the clock every 64 pauses

@@ -69,8 +69,8 @@ class CachedLM(nn.Module):
 
     `forward(ids, slots, pad)` runs ids (B, T) whose tokens occupy cache slots `slots` (T,) and
     returns the logits of the LAST position only, (B, vocab_size): the LM head never runs for the
-    other prompt positions, nor for the embedding's padding rows. Prefill is one call with T = P; each decode
-    step is a call with T = 1 (static shapes, so the step compiles once).
+    other prompt positions, nor for the embedding's padding rows. Prefill is one call with T = P;
+    each decode step is a call with T = 1 (static shapes, so the step compiles once).
     """
 
     def __init__(self, model: GPT2LMHeadModel, batch_size: int, max_len: int, dtype: torch.dtype | None = None):
