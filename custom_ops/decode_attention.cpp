@@ -166,7 +166,7 @@ void attend_all(const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, 
   // When the VM's two vCPUs sat on different core complexes (a cache line's round trip 365-395 ns,
   // gpt2forge::pool_round_trip_ns), the time from the qkv matmul to the next took 32-36 us a layer
   // against 41-46 with a chunk per pair, which the threads took in a different order each token;
-  // 90-140 ns apart it made no difference (GPT-2 small, interleaved generations, 128 filled slots
+  // 40-77 ns apart it made no difference (GPT-2 small, interleaved generations, 128 filled slots
   // on average; batch 8: 246-261 against 254-281 us).
   const int threads = pool_threads();
   const int64_t pairs = B * H, per = (pairs + threads - 1) / threads;
