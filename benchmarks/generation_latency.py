@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import statistics
 import sys
 import time
@@ -145,7 +146,7 @@ def round_trip_ns() -> float | None:
     if not custom_ops.has_op("pool_round_trip_ns"):
         return None
     ns = torch.ops.gpt2forge.pool_round_trip_ns(20000)
-    return None if ns != ns else ns
+    return None if math.isnan(ns) else ns
 
 
 def weight_bytes(model: GPT2LMHeadModel, element_size: int | None = None) -> int:

@@ -34,8 +34,8 @@
 // against it); the sums are taken in another order, so results agree to fp32 rounding. Each
 // row's sum is taken the same way whichever thread, chunk or stream computes it, and (with AVX2)
 // however many rows of x share the call: results do not depend on the thread or stream count, and
-// a row of x gives the same bits alone as in a batch. gpt2forge::gemv_set_threads(n) sets the thread count (0:
-// torch's intra-op count).
+// a row of x gives the same bits alone as in a batch. gpt2forge::gemv_set_threads(n) sets the
+// thread count (0: torch's intra-op count).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -101,9 +101,18 @@ constexpr int64_t kAheadBytes = 1024;
 // calls fell from 816 to 492 us and the token from 10.16 to 9.76 ms (medians of 8 interleaved
 // generations, 44-49 GB/s state; faster in 7 of 8 rounds). In the machine's 65-75 GB/s state (its
 // two vCPUs on different core complexes, pool_round_trip_ns below) it made no difference (8.10
-// against 8.18 ms, 6 rounds); T2 hints changed nothing either way, and
-// NTA with 512 B, 2 and 4 KiB ahead was no better than 1 KiB.
+// against 8.18 ms, 6 rounds); T2 hints changed nothing either way, and NTA with 512 B, 2 and 4 KiB
+// ahead was no better than 1 KiB.
 [[gnu::always_inline]] inline void prefetch_once(const void* p) { __builtin_prefetch(p, 0, 0); }  // prefetchnta
+
+// The 8 lanes of an accumulator added in one fixed order: every kernel below reduces a row's sum
+// with it, so a row gives the same bits whichever kernel computed it.
+__attribute__((target("avx2"))) inline float lane_sum(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_hadd_ps(h, h);
+  h = _mm_hadd_ps(h, h);
+  return _mm_cvtss_f32(h);
+}
 
 // R rows of W against one row of x, one accumulator per row (R = 4 or 8 independent chains).
 template <int R, typename W>
@@ -124,10 +133,7 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv, load8(w[r] + k), acc[r]);
   }
   for (int r = 0; r < R; ++r) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-    h = _mm_hadd_ps(h, h);
-    h = _mm_hadd_ps(h, h);
-    float s = _mm_cvtss_f32(h);
+    float s = lane_sum(acc[r]);
     for (int64_t kk = k; kk < K; ++kk) s += x[kk] * static_cast<float>(w[r][kk]);
     out[r] = s;
   }
@@ -156,10 +162,7 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + m * 8), wv, acc[m]);
   }
   for (int m = 0; m < MB; ++m) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[m]), _mm256_extractf128_ps(acc[m], 1));
-    h = _mm_hadd_ps(h, h);
-    h = _mm_hadd_ps(h, h);
-    float s = _mm_cvtss_f32(h);
+    float s = lane_sum(acc[m]);
     for (int64_t kk = K8; kk < K; ++kk) s += x[m * ldx + kk] * static_cast<float>(w[kk]);
     out[m] = s;
   }
