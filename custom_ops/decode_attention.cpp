@@ -22,6 +22,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "avx2.h"
 #include "pool.h"
 #include "vec_math.h"
 
@@ -29,7 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <vector>
+#include <memory>
 
 namespace gpt2forge {
 namespace {
@@ -131,6 +132,115 @@ void attend(const float* q, const c10::BFloat16* k, const c10::BFloat16* v, int6
   attend_one(q, k, v, lo, hi, D, scale, scores, acc, out);
 }
 
+#ifdef GPT2FORGE_AVX2
+// The head size of every GPT-2 (small to XL): one key, value or query row is 8 AVX2 registers.
+constexpr int64_t kFastD = 64;
+
+// Scale x ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) for 8 accumulators at
+// once: lane r of the result is accumulator r's sum, in the order dot64's tail also takes.
+__attribute__((target("avx2"))) inline __m256 sums8(const __m256* a, __m256 scale) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+  return _mm256_mul_ps(_mm256_add_ps(lo, hi), scale);
+}
+
+// q . k for one 64-value key in one accumulator: 8 keys at a time are 8 independent chains, and
+// with q they fill the 16 AVX2 registers.
+template <typename T>
+[[gnu::always_inline]] __attribute__((target("avx2,fma"))) inline __m256 dot64(const __m256* q, const T* k) {
+  __m256 a = _mm256_mul_ps(q[0], load8(k));
+  for (int i = 1; i < 8; ++i) a = _mm256_fmadd_ps(q[i], load8(k + 8 * i), a);
+  return a;
+}
+
+// exp_nonpositive (vec_math.h) of 8 values, step by step the same arithmetic (no fused multiply-adds,
+// as the scalar function is compiled), so that it gives the same bits.
+__attribute__((target("avx2"))) inline __m256 exp8_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.3981999507e-3f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// attend_one for D = 64 in AVX2 registers: the scores 8 keys at a time (8 independent chains,
+// their lanes summed together by sums8), the softmax's max and exp 8 scores at a time, the weighted
+// values in 8 registers; keys and values read as one stream each, asked for kAheadRows8 rows ahead.
+// The generic loop compiled to a scalar exp and max and kept its partial sums in memory: a call
+// for GPT-2 small's 12 heads over 128 slots, from the cache, on one thread, took 22.2 us against
+// 11.1 us here (2 threads: 12.2 against 6.4 us; ~2.8 us of either is the call itself). In a decode
+// step, where the weights' stream has evicted the cache, a layer's call took 23.5-24.5 against
+// 31-34 us (8 interleaved generations of 128 tokens, AVX-512 EPYC): it now reads the keys and values
+// at about the machine's read bandwidth.
+constexpr int64_t kAheadRows8 = 8;
+
+template <typename T>
+__attribute__((target("avx2,fma"))) void attend64_avx2(const float* qp, const T* k, const T* v, int64_t lo, int64_t hi,
+                                                       float scale, float* scores, T* out) {
+  const int64_t n = hi - lo + 1;
+  const T* kb = k + lo * kFastD;
+  const T* vb = v + lo * kFastD;
+  __m256 q[8];
+  for (int i = 0; i < 8; ++i) q[i] = _mm256_loadu_ps(qp + 8 * i);
+  const __m256 sv = _mm256_set1_ps(scale);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    if (j + kAheadRows8 + 8 <= n) prefetch_row(kb + (j + kAheadRows8) * kFastD, 8 * kFastD);
+    prefetch_row(vb + j * kFastD, 8 * kFastD);
+    __m256 a[8];
+    for (int r = 0; r < 8; ++r) a[r] = dot64(q, kb + (j + r) * kFastD);
+    _mm256_storeu_ps(scores + j, sums8(a, sv));
+  }
+  for (; j < n; ++j) {  // the last n % 8 keys, summed in sums8's order
+    prefetch_row(vb + j * kFastD, kFastD);
+    alignas(32) float l[8];
+    _mm256_store_ps(l, dot64(q, kb + j * kFastD));
+    scores[j] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
+  }
+  __m256 top8 = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (j = 0; j + 8 <= n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(scores + j));
+  alignas(32) float l[8];
+  _mm256_store_ps(l, top8);
+  float top = l[0];
+  for (int i = 1; i < 8; ++i) top = std::max(top, l[i]);
+  for (; j < n; ++j) top = std::max(top, scores[j]);
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (j = 0; j + 8 <= n; j += 8) {
+    const __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + j), topv));
+    _mm256_storeu_ps(scores + j, e);
+    sum8 = _mm256_add_ps(sum8, e);
+  }
+  _mm256_store_ps(l, sum8);
+  float total = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  for (; j < n; ++j) {
+    scores[j] = exp_nonpositive(scores[j] - top);
+    total += scores[j];
+  }
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  for (j = 0; j < n; ++j) {
+    const __m256 p = _mm256_set1_ps(scores[j]);
+    const T* vj = vb + j * kFastD;
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(p, load8(vj + 8 * i), acc[i]);
+  }
+  const float inv = 1.0f / total;
+  alignas(32) float o[kFastD];
+  for (int i = 0; i < 8; ++i) _mm256_store_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
+  for (int64_t d = 0; d < kFastD; ++d) out[d] = static_cast<T>(o[d]);
+}
+#endif
+
 template <typename T>
 struct AttendJob {
   const float* q;
@@ -151,6 +261,10 @@ struct AttendJob {
     const int64_t b = bh / H;
     const int64_t lo = pad[b] <= slot ? pad[b] : slot;  // a padding query attends to itself
     float* scores = work + bh * (slot + 1 + kSegments * D);
+#ifdef GPT2FORGE_AVX2
+    if (D == kFastD && has_avx2_fma())
+      return attend64_avx2(q + bh * D, k + bh * S * D, v + bh * S * D, lo, slot, scale, scores, out + bh * D);
+#endif
     attend(q + bh * D, k + bh * S * D, v + bh * S * D, lo, slot, D, scale, scores, scores + slot + 1,
                   out + bh * D);
   }
@@ -160,7 +274,7 @@ template <typename T>
 void attend_all(const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, const int64_t* pad, int64_t slot,
                 float scale, at::Tensor& out) {
   const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
-  std::vector<float> work(static_cast<size_t>(B * H * (slot + 1 + kSegments * D)));
+  const std::unique_ptr<float[]> work(new float[static_cast<size_t>(B * H * (slot + 1 + kSegments * D))]);
   // One chunk of consecutive (row, head) pairs per thread, so that a pair goes to the same thread
   // token after token (the caller claims chunk 0 first) and its cache lines stay with that core.
   // When the VM's two vCPUs sat on different core complexes (a cache line's round trip 365-395 ns,
@@ -171,7 +285,7 @@ void attend_all(const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, 
   const int threads = pool_threads();
   const int64_t pairs = B * H, per = (pairs + threads - 1) / threads;
   const AttendJob<T> job{qf.const_data_ptr<float>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), pad, H, S, D,
-                         slot, scale, work.data(), out.mutable_data_ptr<T>(), pairs, per};
+                         slot, scale, work.get(), out.mutable_data_ptr<T>(), pairs, per};
   Pool::get().run(&AttendJob<T>::run_chunk, &job, (pairs + per - 1) / per, threads);
 }
 

@@ -42,6 +42,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "avx2.h"
 #include "pool.h"
 
 #include <algorithm>
@@ -54,10 +55,6 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define GPT2FORGE_GEMV_AVX2 1
-#endif
 
 namespace gpt2forge {
 namespace {
@@ -79,15 +76,7 @@ void dots_portable(const float* __restrict x, int64_t ldx, const W* __restrict w
   }
 }
 
-#ifdef GPT2FORGE_GEMV_AVX2
-__attribute__((target("avx2"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-
-// 8 bf16 values widened to fp32: a bf16 is the high half of the fp32 with the same bits.
-__attribute__((target("avx2"))) inline __m256 load8(const c10::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
+#ifdef GPT2FORGE_AVX2
 // How far ahead of its reads each stream asks for W's lines. The hardware prefetchers restart at
 // every chunk and slice; asking 1 KiB ahead made a GPT-2 small token 10.74 against 11.25 ms
 // (medians of 8 interleaved generations, 44-48 GB/s state, AVX-512 EPYC; 2 and 4 KiB gave 10.95
@@ -168,17 +157,13 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
   }
 }
 
-bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 #endif
 
 // One row of x against R rows of W at once (w[r] points at row r): R independent read streams
 // keep more cache-line misses in flight than one row after another (figures at the top).
 template <int R, typename W>
 void stream_dots(const float* x, const W* const* w, int64_t K, float* out) {
-#ifdef GPT2FORGE_GEMV_AVX2
+#ifdef GPT2FORGE_AVX2
   if (has_avx2_fma()) return stream_dots_avx2<R>(x, w, K, out);
 #endif
   for (int r = 0; r < R; ++r) dots_portable<1>(x, K, w[r], K, out + r);
@@ -274,7 +259,7 @@ struct GemvJob {
     const auto put = [&](int count) {
       for (int i = 0; i < count; ++i) out_base[(m + i) * stride] = out[i];
     };
-#ifdef GPT2FORGE_GEMV_AVX2
+#ifdef GPT2FORGE_AVX2
     if (packed != nullptr) {  // always with AVX2 (gemv_rows)
       const int64_t K8 = K / 8 * 8;
       for (; m + 8 <= M; m += 8) {
@@ -365,7 +350,7 @@ double pool_round_trip_ns(int64_t rounds) {
   }
 }
 
-#ifdef GPT2FORGE_GEMV_AVX2
+#ifdef GPT2FORGE_AVX2
 // x (M, K)'s rows in the groups GemvJob::row takes them (8 at a time, then 4, then 1), each group
 // of MB rows starting at m packed at m * K8 as packed_dots_avx2 reads it (K8 = K rounded down to 8).
 std::vector<float> pack_rows(const float* x, int64_t M, int64_t K) {
@@ -388,7 +373,7 @@ void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t
   int64_t bounds[kMaxChunks + 1];
   const int chunks = guided_bounds(N, K * static_cast<int64_t>(sizeof(W)), threads, M == 1 ? streams : 1, bounds);
   std::vector<float> packed;  // never empty once packed
-#ifdef GPT2FORGE_GEMV_AVX2
+#ifdef GPT2FORGE_AVX2
   if (M > 1 && has_avx2_fma()) packed = pack_rows(xp, M, K);
 #endif
   const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, packed.empty() ? nullptr : packed.data()};

@@ -469,6 +469,26 @@ def test_decode_attention_matches_masked_sdpa(ops, slot: int, threads: int):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("slot", [2, 7, 16, 44])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_head_size_64_matches_masked_sdpa(ops, slot: int, threads: int):
+    # GPT-2's head size takes the AVX2 path where the CPU has it (keys scored 8 at a time, the rest
+    # one by one): filled spans of 1 to 45 slots cover fewer than 8 keys, whole blocks and a tail.
+    B, H, S, D = 3, 5, 48, 64
+    g = torch.Generator().manual_seed(slot)
+    q, k, v = (torch.randn(B, H, n, D, generator=g) * 2 for n in (1, S, S))
+    k[:, :, slot + 1:] = float("nan")
+    v[:, :, slot + 1:] = float("nan")
+    pad = torch.tensor([0, 1, 6])
+    before = ops.gemv_set_threads(threads)
+    try:
+        out = ops.decode_attention(q, k, v, pad, torch.tensor([slot]), 0.125)
+    finally:
+        ops.gemv_set_threads(before)
+    torch.testing.assert_close(out, _masked_sdpa(q, k.nan_to_num(), v.nan_to_num(), pad, slot, 0.125),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_decode_attention_bf16_is_fp32_math_rounded_once(ops):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 3, n, 64, generator=g).bfloat16() for n in (1, 16, 16))
