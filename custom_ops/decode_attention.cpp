@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include "avx2.h"
+#include "decode_kernels.h"
 #include "pool.h"
 #include "vec_math.h"
 
@@ -70,9 +71,9 @@ template <typename T>
   for (int64_t b = 0; b < D * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b);
 }
 
-template <typename T>
+template <typename T, typename O>
 [[gnu::always_inline]] inline void attend_one(const float* q, const T* k, const T* v, int64_t lo, int64_t hi,
-                                              int64_t D, float scale, float* scores, float* acc, T* out) {
+                                              int64_t D, float scale, float* scores, float* acc, O* out) {
   const int64_t n = hi - lo + 1, per = n / kSegments, rest = lo + kSegments * per;
   for (int64_t i = 0; i < per; ++i)
     for (int64_t g = 0; g < kSegments; ++g) {
@@ -112,7 +113,7 @@ template <typename T>
   for (int64_t d = 0; d < D; ++d) {
     float sum = 0.0f;
     for (int64_t g = 0; g < kSegments; ++g) sum += acc[g * D + d];
-    out[d] = static_cast<T>(sum * inv);
+    out[d] = static_cast<O>(sum * inv);
   }
 }
 
@@ -129,6 +130,12 @@ void attend(const float* q, const float* k, const float* v, int64_t lo, int64_t 
 GPT2FORGE_MULTIVERSION
 void attend(const float* q, const c10::BFloat16* k, const c10::BFloat16* v, int64_t lo, int64_t hi, int64_t D,
             float scale, float* scores, float* acc, c10::BFloat16* out) {
+  attend_one(q, k, v, lo, hi, D, scale, scores, acc, out);
+}
+
+GPT2FORGE_MULTIVERSION
+void attend(const float* q, const c10::BFloat16* k, const c10::BFloat16* v, int64_t lo, int64_t hi, int64_t D,
+            float scale, float* scores, float* acc, float* out) {
   attend_one(q, k, v, lo, hi, D, scale, scores, acc, out);
 }
 
@@ -155,24 +162,6 @@ template <typename T>
   return a;
 }
 
-// exp_nonpositive (vec_math.h) of 8 values, step by step the same arithmetic (no fused multiply-adds,
-// as the scalar function is compiled), so that it gives the same bits.
-__attribute__((target("avx2"))) inline __m256 exp8_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-  r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-  __m256 p = _mm256_set1_ps(1.3981999507e-3f);
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
 // attend_one for D = 64 in AVX2 registers: the scores 8 keys at a time (8 independent chains,
 // their lanes summed together by sums8), the softmax's max and exp 8 scores at a time, the weighted
 // values in 8 registers; keys and values read as one stream each, asked for kAheadRows8 rows ahead.
@@ -184,9 +173,9 @@ __attribute__((target("avx2"))) inline __m256 exp8_nonpositive(__m256 x) {
 // at about the machine's read bandwidth.
 constexpr int64_t kAheadRows8 = 8;
 
-template <typename T>
+template <typename T, typename O>
 __attribute__((target("avx2,fma"))) void attend64_avx2(const float* qp, const T* k, const T* v, int64_t lo, int64_t hi,
-                                                       float scale, float* scores, T* out) {
+                                                       float scale, float* scores, O* out) {
   const int64_t n = hi - lo + 1;
   const T* kb = k + lo * kFastD;
   const T* vb = v + lo * kFastD;
@@ -237,11 +226,11 @@ __attribute__((target("avx2,fma"))) void attend64_avx2(const float* qp, const T*
   const float inv = 1.0f / total;
   alignas(32) float o[kFastD];
   for (int i = 0; i < 8; ++i) _mm256_store_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
-  for (int64_t d = 0; d < kFastD; ++d) out[d] = static_cast<T>(o[d]);
+  for (int64_t d = 0; d < kFastD; ++d) out[d] = static_cast<O>(o[d]);
 }
 #endif
 
-template <typename T>
+template <typename T, typename O>
 struct AttendJob {
   const float* q;
   const T *k, *v;
@@ -249,7 +238,7 @@ struct AttendJob {
   int64_t H, S, D, slot;
   float scale;
   float* work;  // per (row, head): slot + 1 scores, then kSegments x D sums
-  T* out;
+  O* out;
   int64_t pairs, per;  // B x H (row, head) pairs, `per` of them in each chunk
 
   static void run_chunk(const void* self, int64_t c) {
@@ -270,10 +259,10 @@ struct AttendJob {
   }
 };
 
-template <typename T>
-void attend_all(const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, const int64_t* pad, int64_t slot,
-                float scale, at::Tensor& out) {
-  const int64_t B = k.size(0), H = k.size(1), S = k.size(2), D = k.size(3);
+// q (B, H, D) fp32 over the caches k, v (B, H, S, D) -> out (B, H, D), the pairs shared by the pool.
+template <typename T, typename O>
+void attend_pairs(const float* q, const T* k, const T* v, const int64_t* pad, int64_t B, int64_t H, int64_t S,
+                  int64_t D, int64_t slot, float scale, O* out) {
   const std::unique_ptr<float[]> work(new float[static_cast<size_t>(B * H * (slot + 1 + kSegments * D))]);
   // One chunk of consecutive (row, head) pairs per thread, so that a pair goes to the same thread
   // token after token (the caller claims chunk 0 first) and its cache lines stay with that core.
@@ -284,10 +273,23 @@ void attend_all(const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, 
   // on average; batch 8: 246-261 against 254-281 us).
   const int threads = pool_threads();
   const int64_t pairs = B * H, per = (pairs + threads - 1) / threads;
-  const AttendJob<T> job{qf.const_data_ptr<float>(), k.const_data_ptr<T>(), v.const_data_ptr<T>(), pad, H, S, D,
-                         slot, scale, work.get(), out.mutable_data_ptr<T>(), pairs, per};
-  Pool::get().run(&AttendJob<T>::run_chunk, &job, (pairs + per - 1) / per, threads);
+  const AttendJob<T, O> job{q, k, v, pad, H, S, D, slot, scale, work.get(), out, pairs, per};
+  Pool::get().run(&AttendJob<T, O>::run_chunk, &job, (pairs + per - 1) / per, threads);
 }
+
+}  // namespace
+
+void attend_into(const float* q, const float* k, const float* v, const int64_t* pad, int64_t B, int64_t H, int64_t S,
+                 int64_t D, int64_t slot, float scale, float* out) {
+  attend_pairs(q, k, v, pad, B, H, S, D, slot, scale, out);
+}
+
+void attend_into(const float* q, const c10::BFloat16* k, const c10::BFloat16* v, const int64_t* pad, int64_t B,
+                 int64_t H, int64_t S, int64_t D, int64_t slot, float scale, float* out) {
+  attend_pairs(q, k, v, pad, B, H, S, D, slot, scale, out);
+}
+
+namespace {
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& pad, const at::Tensor& slot, double scale) {
@@ -317,10 +319,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     TORCH_CHECK(pp[b] >= 0, "gpt2forge::decode_attention: negative padding ", pp[b], " in row ", b);
   const at::Tensor qf = q.to(at::kFloat).contiguous();
   at::Tensor out = at::empty({B, H, 1, D}, k_cache.options());
+  const float* qp = qf.const_data_ptr<float>();
+  const float sc = static_cast<float>(scale);
   if (dtype == at::kFloat)
-    attend_all<float>(qf, k_cache, v_cache, pp, i, static_cast<float>(scale), out);
+    attend_pairs(qp, k_cache.const_data_ptr<float>(), v_cache.const_data_ptr<float>(), pp, B, H, S, D, i, sc,
+                 out.mutable_data_ptr<float>());
   else
-    attend_all<c10::BFloat16>(qf, k_cache, v_cache, pp, i, static_cast<float>(scale), out);
+    attend_pairs(qp, k_cache.const_data_ptr<c10::BFloat16>(), v_cache.const_data_ptr<c10::BFloat16>(), pp, B, H, S,
+                 D, i, sc, out.mutable_data_ptr<c10::BFloat16>());
   return out;
 }
 

@@ -43,6 +43,7 @@
 #include <torch/library.h>
 
 #include "avx2.h"
+#include "decode_kernels.h"
 #include "pool.h"
 
 #include <algorithm>
@@ -208,13 +209,20 @@ struct GemvJob {
   const int64_t* bounds;  // chunk c is rows bounds[c] .. bounds[c + 1] (guided_bounds)
   int streams;  // at batch 1: 4 or 8
   const float* packed;  // M > 1 with AVX2: x's groups of 8, 4 and 1 rows packed (pack_rows), else null
+  Epilogue epilogue;  // applied to each stretch of y a chunk wrote, by the thread that wrote it (fn may be null)
 
   static void run_chunk(const void* self, int64_t chunk) { static_cast<const GemvJob*>(self)->rows(chunk); }
 
   void rows(int64_t chunk) const {
     const int64_t lo = bounds[chunk], hi = bounds[chunk + 1];
-    if (M == 1 && streams == 4) return streamed<4>(lo, hi);
-    if (M == 1) return streamed<8>(lo, hi);
+    if (M == 1) {
+      if (streams == 4)
+        streamed<4>(lo, hi);
+      else
+        streamed<8>(lo, hi);
+      if (epilogue.fn) epilogue.fn(epilogue.ctx, y + lo, lo, hi - lo);
+      return;
+    }
     // kTileW rows of W at a time into a (M, kTileW) tile, written out row of y by row of y. Storing
     // each result straight into y (M stores N floats apart per row of W) halved the loop's speed: 8
     // rows of x against a 65536 x 768 W took 38.9 GFLOP/s on one thread and 66-77 on two, against
@@ -227,6 +235,8 @@ struct GemvJob {
       for (int64_t i = 0; i < here; ++i) row(t + i, tile + i, kTileW);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t i = 0; i < here; ++i) y[m * N + t + i] = tile[m * kTileW + i] + (b ? b[t + i] : 0.0f);
+      if (epilogue.fn)
+        for (int64_t m = 0; m < M; ++m) epilogue.fn(epilogue.ctx, y + m * N + t, t, here);
     }
   }
 
@@ -367,7 +377,8 @@ std::vector<float> pack_rows(const float* x, int64_t M, int64_t K) {
 #endif
 
 template <typename W>
-void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N) {
+void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N,
+               Epilogue epilogue = {}) {
   const int threads = pool_threads();
   const int streams = static_cast<int>(stream_setting.load(std::memory_order_relaxed));
   int64_t bounds[kMaxChunks + 1];
@@ -376,9 +387,23 @@ void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t
 #ifdef GPT2FORGE_AVX2
   if (M > 1 && has_avx2_fma()) packed = pack_rows(xp, M, K);
 #endif
-  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, packed.empty() ? nullptr : packed.data()};
+  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, packed.empty() ? nullptr : packed.data(), epilogue};
   Pool::get().run(&GemvJob<W>::run_chunk, &job, chunks, threads);
 }
+
+}  // namespace
+
+void gemv_into(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N,
+               Epilogue epilogue) {
+  gemv_rows(x, w, b, y, M, K, N, epilogue);
+}
+
+void gemv_into(const float* x, const c10::BFloat16* w, const float* b, float* y, int64_t M, int64_t K, int64_t N,
+               Epilogue epilogue) {
+  gemv_rows(x, w, b, y, M, K, N, epilogue);
+}
+
+namespace {
 
 at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),

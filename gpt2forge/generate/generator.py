@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 import torch
 
 from gpt2forge.core.runtime import synchronize
+from gpt2forge.generate.fused_step import FusedDecodeStep
 from gpt2forge.generate.gemv import STREAM_CHOICES, gemv_streams, gemv_threads, kernel_available
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
@@ -112,10 +113,13 @@ class Generator:
         self._direct_steps: dict[tuple, DirectStep] = {}  # CPU: input signature -> its graph (_decode_step)
         self._pending: tuple[torch.Tensor, ...] | None = None  # the inputs of the step being compiled
         self._last_graph: DirectStep | None = None  # the graph that ran the latest compiled step
+        self.fused: FusedDecodeStep | None = None  # CPU: the step as one C++ call (gpt2forge.generate.fused_step)
+        if compile and self.device.type == "cpu":
+            self.fused = FusedDecodeStep.of(self.lm)
         if compile and self.device.type == "cuda":
             # Static shapes (B, 1): one graph, replayed as a CUDA graph ("reduce-overhead").
             self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode="reduce-overhead")
-        elif compile:
+        elif compile and self.fused is None:
             # On CPU the graph's wrapper runs once per token and calls ~100 small kernels: without
             # its ~250 size and stride asserts a GPT-2 small step is ~0.5 ms shorter, and as C++
             # (cpp_wrapper) rather than Python ~0.4 ms more (16.5 against 17.0 ms, interleaved), for
@@ -181,7 +185,8 @@ class Generator:
         return stack
 
     def _probe_settings(self) -> tuple[int, int]:
-        """The fastest (matmul threads, read streams) for an (eager) decode step, on CPU: 1 or all
+        """The fastest (matmul threads, read streams) for a decode step (the fused one where there is
+        one, else eager), on CPU: 1 or all
         of torch's threads, and each of gpt2forge.generate.gemv.STREAM_CHOICES.
 
         A decode step reads every weight once: one core reads memory nearly as fast as two, and
@@ -199,12 +204,13 @@ class Generator:
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long)
         pad = torch.zeros(self.batch_size, dtype=torch.long)
         slot = torch.zeros(1, dtype=torch.long)
+        step = self.fused or self.lm
         best = {}
         for setting in settings * 2:
             with self._decoding(*setting):
                 for _ in range(3):
                     t0 = time.perf_counter()
-                    self.lm(ids, slot, pad)
+                    step(ids, slot, pad)
                     best[setting] = min(best.get(setting, float("inf")), time.perf_counter() - t0)
         return min(best, key=best.get)
 
@@ -220,6 +226,8 @@ class Generator:
         compiles if needed); later ones call the graph that served it, with the same module
         tensors (updated in place, weights are seen; replaced by other tensors, they are not).
         """
+        if self.fused is not None:
+            return self.fused(ids, slots, pad)
         if self.device.type != "cpu" or self.step is self.lm:
             return self.step(ids, slots, pad)
         signature = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),

@@ -110,12 +110,15 @@ def test_cached_logits_equal_full_forward_at_every_step(dtype, rtol, atol):
 
 
 @pytest.mark.slow
-def test_compiled_decode_step_generates_what_the_eager_one_does_call_after_call():
+def test_compiled_decode_step_generates_what_the_eager_one_does_call_after_call(monkeypatch):
     # From the second call with the same inputs on, the CPU step calls the compiled graph without
     # dynamo (Generator._decode_step): a stale cache or a misplaced input would show here as
-    # different tokens.
+    # different tokens. (The graph serves models the fused step does not take: turned off here.)
+    from gpt2forge.generate import generator as generator_module
+    monkeypatch.setattr(generator_module.FusedDecodeStep, "of", classmethod(lambda cls, lm: None))
     model = make_model(tiny())
     eager, compiled = Generator(model, 3, 40), Generator(model, 3, 40, compile=True)
+    assert compiled.fused is None
     compiled.warm_up()
     (direct,) = compiled._direct_steps.values()  # one input signature, one graph
     assert direct.usable
