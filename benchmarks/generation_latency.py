@@ -3,9 +3,10 @@
 Compared, in one process, with the same weights (GPT-2 small shape, seeded random init: decode
 speed does not depend on the values), the same random prompt and greedy decoding:
 
-  ours          gpt2forge.generate.generator.Generator: batched prefill, preallocated KV cache, the decode
-                step torch.compile'd (`text_generate_gpt2.py --poptorch-loop`), weights in the
-                measured dtype
+  ours          gpt2forge.generate.generator.Generator(compile=True) (`text_generate_gpt2.py
+                --poptorch-loop`): batched prefill, preallocated KV cache, the decode step as one
+                C++ call on the CPU (gpt2forge.generate.fused_step; torch.compile'd on a GPU),
+                weights in the measured dtype
   transformers  transformers.GPT2LMHeadModel.generate(do_sample=False, use_cache=True), SDPA
                 attention, weights in the same dtype
 
@@ -89,7 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens per row")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per implementation (median reported)")
-    p.add_argument("--no-compile", action="store_true", help="ours in eager mode (no torch.compile)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="ours in eager mode (neither the fused CPU step nor torch.compile)")
     p.add_argument("--quick", action="store_true", help="fp32, batch 1, 32 new tokens, 1 round")
     p.add_argument("--hf-threads", default="both", choices=("both", "ours", "default"),
                    help="thread counts transformers runs with: torch's default, ours (1, and the count ours "

@@ -42,7 +42,8 @@ def _decode_model_class():
 
 class FusedDecodeStep:
     """CachedLM's one-token forward (T = 1) through `gpt2forge::decode_step`, on the CachedLM's own
-    parameters and cache buffers (the same tensors: weights updated in place are seen)."""
+    parameters and cache buffers (the same tensors: weights updated in place are seen; a module
+    whose tensors are replaced, by `.to()` or `load_state_dict(assign=True)`, needs a new step)."""
 
     def __init__(self, params: list[torch.Tensor], caches: list[torch.Tensor], scales: list[float],
                  n_head: int, eps: float, activation: str):

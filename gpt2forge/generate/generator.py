@@ -2,8 +2,9 @@
 
 One generation = one batched prefill of the (left-padded) prompts in a single forward pass, then one
 token per step written into the cache: the prefix is never recomputed and nothing grows. With
-`compile=True` the decode step is torch.compile'd once for its static shapes (on CUDA with
-mode="reduce-overhead", i.e. CUDA graphs): the `--poptorch-loop` of the reference.
+`compile=True` (the reference's `--poptorch-loop`) the decode step is the device's fastest: on the
+CPU one C++ call per token (gpt2forge.generate.fused_step), else torch.compile'd once for its static
+shapes (on CUDA with mode="reduce-overhead", i.e. CUDA graphs).
 
     gen = Generator(model, batch_size=2, max_len=192)
     out = gen.generate([[464, 3290], [40]], max_new_tokens=128, sampling=SamplingConfig(greedy=True))

@@ -98,6 +98,7 @@ def test_models_the_fused_step_does_not_take_get_none():
 
 @pytest.mark.parametrize("case,match", [
     ("params", "parameters for 2 layers"),
+    ("shape", r"layer 1: parameter 2 has shape \[32, 96\], expected \[96, 32\]"),
     ("activation", "unknown activation 'tanh'"),
     ("token", "token id 500 in row 0 outside the embedding's 112 rows"),
     ("slot", "slot 8 outside the caches' 8 slots"),
@@ -110,6 +111,10 @@ def test_the_decode_model_refuses_bad_arguments(case: str, match: str):
     with pytest.raises(RuntimeError, match=match):
         if case == "params":
             FusedDecodeStep(**{**args, "params": args["params"][:-2]})
+        elif case == "shape":  # layer 1's c_attn weight transposed
+            params = list(args["params"])
+            params[2 + 12 + 2] = params[2 + 12 + 2].t().contiguous()
+            FusedDecodeStep(**{**args, "params": params})
         elif case == "activation":
             FusedDecodeStep(**{**args, "activation": "tanh"})
         elif case == "token":
