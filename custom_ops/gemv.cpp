@@ -56,7 +56,6 @@
 #include <thread>
 #include <vector>
 
-
 namespace gpt2forge {
 namespace {
 
