@@ -73,6 +73,7 @@ from gpt2forge.model.config import ModelConfig  # noqa: E402
 from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
 from gpt2forge.model.pretrained import load_pretrained  # noqa: E402
 from gpt2forge.ops import library as custom_ops  # noqa: E402
+from gpt2forge.tools.machine_report import wait_for_quiet  # noqa: E402
 
 DEFAULT_ACCURACY_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "mini"
 ACCURACY_PROMPT = "The module provides functions for"
@@ -93,6 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-compile", action="store_true",
                    help="ours in eager mode (neither the fused CPU step nor torch.compile)")
     p.add_argument("--quick", action="store_true", help="fp32, batch 1, 32 new tokens, 1 round")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to this long for a 1-minute load below 0.5 before starting (0: report "
+                        "the load at once, with a warning when the machine is not quiet)")
     p.add_argument("--hf-threads", default="both", choices=("both", "ours", "default"),
                    help="thread counts transformers runs with: torch's default, ours (1, and the count ours "
                         "picked for its matmuls), or both (the fastest is the baseline)")
@@ -324,6 +328,7 @@ def _with_threads(n: int, fn, *args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    wait_for_quiet(args.wait_quiet)
     device = torch.device(args.device)
     torch.manual_seed(0)
     start = bandwidth_gbs(device)

@@ -41,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpt2forge.tools.machine_report import wait_for_quiet
+
 ROOT = Path(__file__).resolve().parent.parent
 VALIDATION = re.compile(r"validation after step (\d+): loss ([0-9.]+)")
 TARGET_WALL_RATIO = 0.7  # ours' wall time to the Trainer's final loss / the Trainer's wall time
@@ -160,16 +162,6 @@ def trainer_worker(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------- the parent
-
-
-def wait_for_quiet(limit_s: float) -> float:
-    """The 1-minute load once it is below 0.5, or after `limit_s` seconds (with a warning)."""
-    deadline = time.monotonic() + limit_s
-    while (load := os.getloadavg()[0]) >= 0.5 and time.monotonic() < deadline:
-        time.sleep(5)
-    if load >= 0.5:
-        print(f"warning: the machine is not quiet (1-minute load {load:.2f}); figures may be noisy", flush=True)
-    return load
 
 
 def shared_init(seed: int, args: argparse.Namespace, tmp: str) -> str:

@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from train_throughput import _build_ours, _model_config  # noqa: E402
 
+from gpt2forge.tools.machine_report import wait_for_quiet  # noqa: E402
 from gpt2forge.train.metrics import measure_cpu_peak  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--steps", type=int, default=3, help="timed steady steps (median reported)")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to this long for a 1-minute load below 0.5 before starting (0: report "
+                        "the load at once, with a warning when the machine is not quiet)")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps (averaged)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--learning-rate", type=float, default=1e-4)
@@ -120,6 +124,7 @@ def breakdown(prof, steps: int, C: int, vocab: int) -> tuple[dict[str, float], d
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    wait_for_quiet(args.wait_quiet)
     torch._inductor.config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
     peak = measure_cpu_peak("fp32")
     cfg = _model_config(args.model, args.seq_len)

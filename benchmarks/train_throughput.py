@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4, help="sequences per step (B)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (T)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per implementation and precision")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to this long for a 1-minute load below 0.5 before starting (0: report "
+                        "the load at once, with a warning when the machine is not quiet)")
     p.add_argument("--warmup", type=int, default=2,
                    help="untimed steps first (the first one compiles ours); at least 1")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16")
@@ -345,6 +348,8 @@ def print_table(summaries: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     args = parse_args(argv)
+    from gpt2forge.tools.machine_report import wait_for_quiet
+    wait_for_quiet(args.wait_quiet)
     import torch
 
     from gpt2forge.core.runtime import resolve_device

@@ -15,12 +15,33 @@ import os
 import platform
 import shutil
 import sys
+import time
 from typing import Any
 
 PACKAGES = ("torch", "numpy", "transformers", "tokenizers", "tiktoken", "safetensors", "tfrecord", "tqdm",
             "tensorboard", "matplotlib", "wandb")
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "amx_tile", "amx_bf16", "amx_int8")
+
+
+QUIET_LOAD = 0.5
+"""A 1-minute load average below this is a quiet machine for a benchmark."""
+
+
+def wait_for_quiet(limit_s: float, poll_s: float = 5.0) -> float:
+    """The 1-minute load average once it is below QUIET_LOAD, or after `limit_s` seconds (0: at
+    once); prints it, with a warning when the machine is still not quiet. Benchmarks that compare
+    timings call it before they start: their ratios are interleaved, but a loaded machine adds noise."""
+    deadline = time.monotonic() + limit_s
+    while (load := os.getloadavg()[0]) >= QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    if load >= QUIET_LOAD:
+        waited = f" after waiting {limit_s:.0f} s" if limit_s > 0 else ""
+        print(f"warning: the machine is not quiet (1-minute load {load:.2f}{waited}, quiet is below "
+              f"{QUIET_LOAD}); figures may be noisy", flush=True)
+    else:
+        print(f"1-minute load {load:.2f}: quiet machine", flush=True)
+    return load
 
 
 def _version(package: str) -> str:

@@ -54,6 +54,7 @@ def test_generation_latency_prints_the_floor_ratio():
                "--prompt-len", "8", "--new-tokens", "4", "--hf-threads", "ours"])
     assert "ours / floor:" in out and "triad" in out and "bandwidth at the end" in out
     assert "ours / the floor measured around ours in each round (" in out
+    assert "1-minute load" in out  # the load it started under
     if has_op("gemv_linear"):  # the step-by-step pairing reads with the kernel
         assert re.search(r"ours step by step / the kernel's one-call read .* median over all steps [0-9.]+x", out)
 

@@ -180,3 +180,15 @@ def test_environment_report():
     text = format_report(env)
     assert text.startswith("== environment") and "custom ops:" in text and "fast paths:" in text
     assert f"torch CPU capability {env['devices']['cpu_capability']}" in text
+
+
+def test_wait_for_quiet_waits_for_a_low_load_and_warns_when_it_never_comes(monkeypatch, capsys):
+    from gpt2forge.tools import machine_report
+    loads = iter([2.0, 1.0, 0.3])
+    monkeypatch.setattr(machine_report.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(machine_report.time, "sleep", lambda s: None)
+    assert machine_report.wait_for_quiet(60.0) == 0.3
+    assert "1-minute load 0.30: quiet machine" in capsys.readouterr().out
+    monkeypatch.setattr(machine_report.os, "getloadavg", lambda: (1.5, 0.0, 0.0))
+    assert machine_report.wait_for_quiet(0.0) == 1.5  # 0: at once
+    assert "warning: the machine is not quiet (1-minute load 1.50, quiet is below 0.5)" in capsys.readouterr().out
