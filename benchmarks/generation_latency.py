@@ -161,8 +161,8 @@ def round_trip_ns() -> float | None:
 
 def paired_floor_ratios(gen: Generator, prompts, n: int, nbytes: int) -> list[float]:
     """One generation of n tokens in which every decode step is followed by one read of `nbytes` by
-    the CPU kernel's multi-stream read (its 1-row matmul over a buffer of that size, on the decode
-    pool's threads): each step's time over that read's. The bandwidth a VM gets moves within seconds
+    the CPU kernel's multi-stream read (its 1-row matmul over a buffer of that size, on all of
+    torch's threads even when the step uses fewer): each step's time over that read's. The bandwidth a VM gets moves within seconds
     (other tenants of the host share it), so a step is compared with a read ~10 ms away rather than
     with reads a whole generation before and after it. The read is the kernel's, not sum()'s: sum()
     runs on torch's OpenMP threads, whose worker keeps spinning for a while after it returns and
@@ -170,13 +170,15 @@ def paired_floor_ratios(gen: Generator, prompts, n: int, nbytes: int) -> list[fl
     would slow sum()); the two reads of the same bytes agree within a few percent here."""
     x = torch.ones(-(-nbytes // 4096), 1024)  # the weights' bytes, rounded up to a 4 KiB row
     v = torch.ones(1, 1024)
+    threads = torch.get_num_threads()  # the read on all of them, whatever the decode step uses
     reads: list[float] = []
 
     def read_after(step: int, *_) -> None:  # runs outside the step's timing (Generator.generate)
         if step > 0:  # step 0 is the prefill's token
-            t0 = time.perf_counter()
-            torch.ops.gpt2forge.gemv_linear(v, x, None)
-            reads.append((time.perf_counter() - t0) * nbytes / x.nbytes)
+            with gemv.gemv_threads(threads):
+                t0 = time.perf_counter()
+                torch.ops.gpt2forge.gemv_linear(v, x, None)
+                reads.append((time.perf_counter() - t0) * nbytes / x.nbytes)
 
     steps = gen.generate(prompts, n, SamplingConfig(greedy=True), on_token=read_after).step_s
     return [s / r for s, r in zip(steps, reads)]
