@@ -164,10 +164,11 @@ def paired_floor_ratios(gen: Generator, prompts, n: int, nbytes: int) -> list[fl
     the CPU kernel's multi-stream read (its 1-row matmul over a buffer of that size, on all of
     torch's threads even when the step uses fewer): each step's time over that read's. The
     bandwidth a VM gets moves within seconds (other tenants of the host share it), so a step is
-    compared with a read ~10 ms away rather than with reads a whole generation before and after it. The read is the kernel's, not sum()'s: sum()
-    runs on torch's OpenMP threads, whose worker keeps spinning for a while after it returns and
-    would take the decode pool's second core from the next step (and the pool's spinning helper
-    would slow sum()); the two reads of the same bytes agree within a few percent here."""
+    compared with a read ~10 ms away rather than with reads a whole generation before and after it.
+    The read is the kernel's, not sum()'s: sum() runs on torch's OpenMP threads, whose worker keeps
+    spinning for a while after it returns and would take the decode pool's second core from the
+    next step (and the pool's spinning helper would slow sum()); the two reads of the same bytes
+    agree within a few percent here."""
     x = torch.ones(-(-nbytes // 4096), 1024)  # the weights' bytes, rounded up to a 4 KiB row
     v = torch.ones(1, 1024)
     threads = torch.get_num_threads()  # the read on all of them, whatever the decode step uses
