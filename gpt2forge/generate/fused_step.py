@@ -27,7 +27,7 @@ ACTIVATIONS = {
     "quick_gelu": "quick_gelu",
     "silu": "silu",
 }
-"""The model's activation_function -> the op's name for it (the ones the op computes)."""
+"""The model's activation_function -> DecodeModel's name for it (the ones it computes)."""
 
 
 def _decode_model_class():
@@ -41,7 +41,7 @@ def _decode_model_class():
 
 
 class FusedDecodeStep:
-    """CachedLM's one-token forward (T = 1) through `gpt2forge::decode_step`, on the CachedLM's own
+    """CachedLM's one-token forward (T = 1) through `gpt2forge.DecodeModel.step`, on the CachedLM's own
     parameters and cache buffers (the same tensors: weights updated in place are seen; a module
     whose tensors are replaced, by `.to()` or `load_state_dict(assign=True)`, needs a new step)."""
 
@@ -53,7 +53,7 @@ class FusedDecodeStep:
     def of(cls, lm: CachedLM) -> FusedDecodeStep | None:
         """The fused step of `lm`, or None where it does not apply: the library lacks the class, the
         model is not on the CPU in fp32 or bf16, a part is missing (a pipeline stage), a layer's
-        shape is not GPT-2's, or the activation is not one the op computes."""
+        shape is not GPT-2's, or the activation is not one the class computes."""
         args = cls.arguments(lm)
         return None if args is None else cls(**args)
 

@@ -187,8 +187,8 @@ class Generator:
 
     def _probe_settings(self) -> tuple[int, int]:
         """The fastest (matmul threads, read streams) for a decode step (the fused one where there is
-        one, else eager), on CPU: 1 or all
-        of torch's threads, and each of gpt2forge.generate.gemv.STREAM_CHOICES.
+        one, else eager), on CPU: 1 or all of torch's threads, and each of
+        gpt2forge.generate.gemv.STREAM_CHOICES.
 
         A decode step reads every weight once: one core reads memory nearly as fast as two, and
         when other processes share the cores a second thread may not run at all; and how many
