@@ -123,3 +123,41 @@ def test_the_decode_model_refuses_bad_arguments(case: str, match: str):
             step(ids, torch.tensor([8]), pad)
         else:
             step(torch.tensor([[3], [4]]), slot, torch.tensor([0, 0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_greedy_is_torch_argmax_of_the_steps_logits_ties_and_nans_included(dtype: torch.dtype, threads: int):
+    # A 2000-row head is several matmul chunks: each thread's choice over its own chunks, combined in
+    # order, must be torch.argmax's over the row (the first of equal largest logits, else the first
+    # NaN). A head bias makes the ties and the NaN (in bf16 it is added after the matmul).
+    cfg = ModelConfig(vocab_size=2000, n_positions=16, n_embd=128, n_layer=1, n_head=2, vocab_pad_multiple=16,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(cfg).eval().to(dtype)
+    with torch.no_grad():  # head rows 10 and 1990 the same: with the same bias, the same logit
+        model.lm_head.weight[1990] = model.lm_head.weight[10]
+    args = FusedDecodeStep.arguments(CachedLM(model, 2, 8))
+    bias = torch.zeros(2000, dtype=dtype)
+    ids, pad = torch.tensor([[3], [4]]), torch.tensor([0, 1])
+    before = torch.ops.gpt2forge.gemv_set_threads(threads)
+    try:
+        for case in ("plain", "tie", "nan"):
+            if case == "tie":
+                bias[[10, 1990]] = 1e4  # equal, the largest: the first wins
+            if case == "nan":
+                bias[1500] = float("nan")  # a NaN beats every value
+            step = FusedDecodeStep(**{**args, "params": args["params"] + [bias]})
+            logits = step(ids, torch.tensor([2]), pad)
+            want = torch.argmax(logits, dim=-1)
+            assert step.greedy(ids, torch.tensor([2]), pad).tolist() == want.tolist()
+            assert want.tolist() == {"plain": want.tolist(), "tie": [10, 10], "nan": [1500, 1500]}[case]
+    finally:
+        torch.ops.gpt2forge.gemv_set_threads(before)
+
+
+def test_generator_takes_the_logits_path_when_greedy_is_not_plain():
+    # Repetition penalty: the logits go back to Python (next_token); the tokens are still the eager ones'.
+    model = model_of(2, 128)
+    eager, fused = Generator(model, 3, 40), Generator(model, 3, 40, compile=True)
+    penalized = SamplingConfig(greedy=True, repetition_penalty=1.3)
+    assert fused.generate(PROMPTS, 12, penalized).tokens == eager.generate(PROMPTS, 12, penalized).tokens
