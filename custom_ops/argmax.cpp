@@ -14,7 +14,6 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "decode_kernels.h"
 #include "pool.h"
 
 #include <cmath>
@@ -30,7 +29,12 @@
 namespace gpt2forge {
 namespace {
 
-using Best = ArgmaxBest;  // a part's best value, its first index, its first NaN's (-1: none)
+// The best value of a part, its first index, and its first NaN's index (-1: none).
+struct Best {
+  float value;
+  int64_t index;
+  int64_t nan;
+};
 
 // Values p[lo .. hi) (hi > lo): the first NaN, else the first index of the largest value.
 Best scan_portable(const float* p, int64_t lo, int64_t hi) {
@@ -126,7 +130,10 @@ at::Tensor argmax_rows(const at::Tensor& x) {
   int64_t* o = out.mutable_data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {  // parts in order: an earlier part wins a tie
     Best best = results[b * parts];
-    for (int64_t k = 1; k < parts; ++k) best = argmax_then(best, results[b * parts + k]);
+    for (int64_t k = 1; k < parts && best.nan < 0; ++k) {
+      const Best& r = results[b * parts + k];
+      if (r.nan >= 0 || r.value > best.value) best = r;
+    }
     o[b] = best.nan >= 0 ? best.nan : best.index;
   }
   return out;
@@ -135,9 +142,6 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 at::Tensor argmax_rows_meta(const at::Tensor& x) { return at::empty({x.size(0)}, x.options().dtype(at::kLong)); }
 
 }  // namespace
-
-ArgmaxBest argmax_scan(const float* p, int64_t lo, int64_t hi) { return scan(p, lo, hi); }
-
 }  // namespace gpt2forge
 
 TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {

@@ -20,9 +20,7 @@
 //   scales: each layer's attention scale; activation: "gelu_tanh", "gelu", "relu", "quick_gelu" or
 //     "silu".
 // step(ids (B, 1) int64, slot (1,) int64, pad (B,) int64) writes the tokens' keys and values into the
-// caches' slot `slot` and returns the LM head's logits (B, V) in float32; greedy(ids, slot, pad) does
-// the same and returns each row's argmax instead (B,) int64, torch.argmax's choice (the first
-// largest logit, or the first NaN), taken by the matmul's threads over the logits each computed. Activations, LayerNorm and
+// caches' slot `slot` and returns the LM head's logits (B, V) in float32. Activations, LayerNorm and
 // attention are computed in fp32 (bf16 weights and caches widened as read). The reference is
 // CachedLM's forward (tests/generate/test_fused_step.py).
 
@@ -37,7 +35,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -165,7 +162,7 @@ struct BiasActivation {
   const T* bias;  // null: none to add
   Act act;
 
-  static void run(const void* self, float* y, int64_t, int64_t, int64_t first, int64_t n) {
+  static void run(const void* self, float* y, int64_t first, int64_t n) {
     const auto* e = static_cast<const BiasActivation*>(self);
     if (e->bias)
       for (int64_t i = 0; i < n; ++i) y[i] += static_cast<float>(e->bias[first + i]);
@@ -173,27 +170,10 @@ struct BiasActivation {
   }
 };
 
-// The LM head's greedy choice, taken by each matmul thread over the logits it computed (a chunk of
-// one row): the caller then only combines one entry per chunk, where an argmax over the finished
-// logits read the half the other thread wrote from its core (with the two vCPUs on different core
-// complexes, 100 KB at ~400 ns a cache line).
-struct HeadArgmax {
-  ArgmaxBest* parts;  // [chunk * M + m]
-  int64_t M;
-
-  static void run(const void* self, float* y, int64_t m, int64_t chunk, int64_t first, int64_t n) {
-    const auto* h = static_cast<const HeadArgmax*>(self);
-    ArgmaxBest best = argmax_scan(y - first, first, first + n);
-    h->parts[chunk * h->M + m] = best;
-  }
-};
-
 // y (M, N) = x (M, K) @ w.T + b, then `act` unless null: fp32 biases go into the kernel's stores,
-// bf16 ones are added by the epilogue (with the activation) or after. `head` (without `act`, and
-// without a bf16 bias): the greedy choice's parts. Returns the matmul's chunk count.
+// bf16 ones are added by the epilogue (with the activation) or after.
 template <typename T>
-int64_t linear(const float* x, const at::Tensor& w, const at::Tensor* b, float* y, int64_t M,
-               const Act* act = nullptr, const HeadArgmax* head = nullptr) {
+void linear(const float* x, const at::Tensor& w, const at::Tensor* b, float* y, int64_t M, const Act* act = nullptr) {
   const int64_t N = w.size(0), K = w.size(1);
   constexpr bool fp32 = std::is_same_v<T, float>;
   const float* fused_bias = nullptr;
@@ -201,12 +181,11 @@ int64_t linear(const float* x, const at::Tensor& w, const at::Tensor* b, float* 
   const T* late_bias = fp32 || !b ? nullptr : b->const_data_ptr<T>();
   if (act) {
     const BiasActivation<T> e{late_bias, *act};
-    return gemv_into(x, w.const_data_ptr<T>(), fused_bias, y, M, K, N, Epilogue{&BiasActivation<T>::run, &e});
+    gemv_into(x, w.const_data_ptr<T>(), fused_bias, y, M, K, N, Epilogue{&BiasActivation<T>::run, &e});
+    return;
   }
-  if (head) return gemv_into(x, w.const_data_ptr<T>(), fused_bias, y, M, K, N, Epilogue{&HeadArgmax::run, head});
-  const int64_t chunks = gemv_into(x, w.const_data_ptr<T>(), fused_bias, y, M, K, N);
+  gemv_into(x, w.const_data_ptr<T>(), fused_bias, y, M, K, N);
   if (late_bias) add_bias(y, late_bias, M, N);
-  return chunks;
 }
 
 struct Shapes {
@@ -265,12 +244,10 @@ Shapes check(const std::vector<at::Tensor>& params, const std::vector<at::Tensor
   return s;
 }
 
-// One token through the model: the logits (B, V) fp32, or with `greedy` each row's argmax (B,) int64
-// (torch.argmax's choice: the first largest logit, or the first NaN).
 template <typename T>
 at::Tensor step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& caches, const Shapes& s,
                 const int64_t* ids, int64_t slot, const int64_t* pad, const std::vector<double>& scales, float eps,
-                Act act, bool greedy) {
+                Act act) {
   const int64_t B = s.B, C = s.C, I = s.I, H = s.H, S = s.S, D = s.D;
   std::vector<float> x(B * C), h(B * C), qkv(B * 3 * C), q(B * C), att(B * C), y(B * C), f(B * I);
   const T* wte = params[0].const_data_ptr<T>();
@@ -313,24 +290,9 @@ at::Tensor step(const std::vector<at::Tensor>& params, const std::vector<at::Ten
   for (int64_t b = 0; b < B; ++b)
     layer_norm(&x[b * C], params[last].const_data_ptr<T>(), params[last + 1].const_data_ptr<T>(), C, eps, &h[b * C]);
   at::Tensor logits = at::empty({B, s.V}, params[0].options().dtype(at::kFloat));
-  const at::Tensor* head_bias = static_cast<int64_t>(params.size()) == last + 4 ? &params[last + 3] : nullptr;
-  float* out = logits.mutable_data_ptr<float>();
-  if (!greedy) {
-    linear<T>(h.data(), params[last + 2], head_bias, out, B);
-    return logits;
-  }
-  const bool late_bias = head_bias && !std::is_same_v<T, float>;  // added after the matmul: scan after it
-  const std::unique_ptr<ArgmaxBest[]> parts(new ArgmaxBest[static_cast<size_t>(B * kMaxGemvChunks)]);
-  const HeadArgmax head{parts.get(), B};
-  const int64_t chunks = linear<T>(h.data(), params[last + 2], head_bias, out, B, nullptr, late_bias ? nullptr : &head);
-  at::Tensor tokens = at::empty({B}, params[0].options().dtype(at::kLong));
-  int64_t* tok = tokens.mutable_data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    ArgmaxBest best = late_bias ? argmax_scan(out + b * s.V, 0, s.V) : parts[b];
-    for (int64_t c = 1; c < chunks && !late_bias; ++c) best = argmax_then(best, parts[c * B + b]);
-    tok[b] = best.nan >= 0 ? best.nan : best.index;
-  }
-  return tokens;
+  const bool head_bias = static_cast<int64_t>(params.size()) == last + 4;
+  linear<T>(h.data(), params[last + 2], head_bias ? &params[last + 3] : nullptr, logits.mutable_data_ptr<float>(), B);
+  return logits;
 }
 
 // The model's tensors and settings, checked once; step() runs a token through them. A class rather
@@ -352,8 +314,7 @@ struct DecodeModel : torch::CustomClassHolder {
     s = check(params, caches, scales, n_head);
   }
 
-  // The checks of one call's inputs, then the token through the model (`step` and `greedy` below).
-  at::Tensor run(const at::Tensor& ids, const at::Tensor& slot, const at::Tensor& pad, bool greedy) const {
+  at::Tensor step(const at::Tensor& ids, const at::Tensor& slot, const at::Tensor& pad) const {
     const char* op = "gpt2forge.DecodeModel.step: ";
     TORCH_CHECK(ids.scalar_type() == at::kLong && pad.scalar_type() == at::kLong && slot.scalar_type() == at::kLong &&
                     ids.device().is_cpu() && pad.device().is_cpu() && slot.device().is_cpu(),
@@ -372,17 +333,8 @@ struct DecodeModel : torch::CustomClassHolder {
       TORCH_CHECK(i - pp[b] < s.P, op, "position ", i - pp[b], " in row ", b, " beyond the position embedding's ",
                   s.P, " rows");
     }
-    if (params[0].scalar_type() == at::kFloat)
-      return gpt2forge::step<float>(params, caches, s, ip, i, pp, scales, eps, act, greedy);
-    return gpt2forge::step<c10::BFloat16>(params, caches, s, ip, i, pp, scales, eps, act, greedy);
-  }
-
-  at::Tensor step(const at::Tensor& ids, const at::Tensor& slot, const at::Tensor& pad) const {
-    return run(ids, slot, pad, false);
-  }
-
-  at::Tensor greedy(const at::Tensor& ids, const at::Tensor& slot, const at::Tensor& pad) const {
-    return run(ids, slot, pad, true);
+    if (params[0].scalar_type() == at::kFloat) return gpt2forge::step<float>(params, caches, s, ip, i, pp, scales, eps, act);
+    return gpt2forge::step<c10::BFloat16>(params, caches, s, ip, i, pp, scales, eps, act);
   }
 };
 
@@ -393,6 +345,5 @@ TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
   m.class_<gpt2forge::DecodeModel>("DecodeModel")
       .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<double>, int64_t, double,
                        std::string>())
-      .def("step", &gpt2forge::DecodeModel::step)
-      .def("greedy", &gpt2forge::DecodeModel::greedy);
+      .def("step", &gpt2forge::DecodeModel::step);
 }

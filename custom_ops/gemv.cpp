@@ -173,7 +173,7 @@ void stream_dots(const float* x, const W* const* w, int64_t K, float* out) {
 // is multiplied with at batch 1 (gpt2forge::gemv_set_streams).
 constexpr int64_t kMaxChunkBytes = int64_t{3} << 19;  // 1.5 MiB
 constexpr int64_t kMinChunkBytes = int64_t{64} << 10;
-constexpr int kMaxChunks = static_cast<int>(kMaxGemvChunks);
+constexpr int kMaxChunks = 1024;
 // Rows of W in the output tile of GemvJob::rows with several rows of x.
 constexpr int64_t kTileW = 64;
 inline std::atomic<int64_t> stream_setting{4};
@@ -219,7 +219,7 @@ struct GemvJob {
         streamed<4>(lo, hi);
       else
         streamed<8>(lo, hi);
-      if (epilogue.fn) epilogue.fn(epilogue.ctx, y + lo, 0, chunk, lo, hi - lo);
+      if (epilogue.fn) epilogue.fn(epilogue.ctx, y + lo, lo, hi - lo);
       return;
     }
     // kTileW rows of W at a time into a (M, kTileW) tile, written out row of y by row of y. Storing
@@ -234,9 +234,9 @@ struct GemvJob {
       for (int64_t i = 0; i < here; ++i) row(t + i, tile + i, kTileW);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t i = 0; i < here; ++i) y[m * N + t + i] = tile[m * kTileW + i] + (b ? b[t + i] : 0.0f);
+      if (epilogue.fn)
+        for (int64_t m = 0; m < M; ++m) epilogue.fn(epilogue.ctx, y + m * N + t, t, here);
     }
-    if (epilogue.fn)
-      for (int64_t m = 0; m < M; ++m) epilogue.fn(epilogue.ctx, y + m * N + lo, m, chunk, lo, hi - lo);
   }
 
   // Rows lo .. hi of W against the one row of x: S streams, each running down its own contiguous
@@ -376,8 +376,8 @@ std::vector<float> pack_rows(const float* x, int64_t M, int64_t K) {
 #endif
 
 template <typename W>
-int64_t gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N,
-                  Epilogue epilogue = {}) {
+void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t M, int64_t K, int64_t N,
+               Epilogue epilogue = {}) {
   const int threads = pool_threads();
   const int streams = static_cast<int>(stream_setting.load(std::memory_order_relaxed));
   int64_t bounds[kMaxChunks + 1];
@@ -388,19 +388,18 @@ int64_t gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int6
 #endif
   const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, packed.empty() ? nullptr : packed.data(), epilogue};
   Pool::get().run(&GemvJob<W>::run_chunk, &job, chunks, threads);
-  return chunks;
 }
 
 }  // namespace
 
-int64_t gemv_into(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N,
-                  Epilogue epilogue) {
-  return gemv_rows(x, w, b, y, M, K, N, epilogue);
+void gemv_into(const float* x, const float* w, const float* b, float* y, int64_t M, int64_t K, int64_t N,
+               Epilogue epilogue) {
+  gemv_rows(x, w, b, y, M, K, N, epilogue);
 }
 
-int64_t gemv_into(const float* x, const c10::BFloat16* w, const float* b, float* y, int64_t M, int64_t K, int64_t N,
-                  Epilogue epilogue) {
-  return gemv_rows(x, w, b, y, M, K, N, epilogue);
+void gemv_into(const float* x, const c10::BFloat16* w, const float* b, float* y, int64_t M, int64_t K, int64_t N,
+               Epilogue epilogue) {
+  gemv_rows(x, w, b, y, M, K, N, epilogue);
 }
 
 namespace {

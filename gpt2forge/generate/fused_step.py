@@ -97,7 +97,3 @@ class FusedDecodeStep:
     def __call__(self, ids: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         """ids (B, 1) in slot slots (1,), pad (B,) -> the next token's logits (B, vocab_size), fp32."""
         return self.model.step(ids, slots, pad)
-
-    def greedy(self, ids: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-        """The same step -> each row's greedy next token (B,) int64: torch.argmax of its logits."""
-        return self.model.greedy(ids, slots, pad)

@@ -286,9 +286,6 @@ class Generator:
         ids, pad, seen = self._prefill_inputs(list(prompts) + [prompts[-1]] * (self.batch_size - n))
         slots = torch.arange(self.max_len, device=self.device)
         track_seen = sampling.repetition_penalty != 1.0
-        # Plain greedy decoding on the fused CPU step: the step returns the argmax itself, taken by the
-        # LM head's threads over the logits each computed (no logits handed back to Python).
-        fused_greedy = self.fused is not None and sampling.greedy and not track_seen
         out: list[list[int]] = [[] for _ in range(n)]
         finished = [False] * self.batch_size
         step_s: list[float] = []
@@ -300,9 +297,7 @@ class Generator:
         with self._decoding():
             for t in range(max_new_tokens):
                 t0 = time.perf_counter()
-                if t > 0 and fused_greedy:  # feed the previous token, in slot P + t - 1
-                    tok = self.fused.greedy(tok[:, None], slots[P + t - 1:P + t], pad)
-                elif t > 0:
+                if t > 0:  # feed the previous token, in slot P + t - 1
                     logits = self._decode_step(tok[:, None], slots[P + t - 1:P + t], pad)
                     tok = next_token(logits, sampling, self.vocab_size, seen, generator)
                 row_ids = tok.tolist()  # the one host sync per step
