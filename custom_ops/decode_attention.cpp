@@ -169,8 +169,10 @@ template <typename T>
 // for GPT-2 small's 12 heads over 128 slots, from the cache, on one thread, took 22.2 us against
 // 11.1 us here (2 threads: 12.2 against 6.4 us; ~2.8 us of either is the call itself). In a decode
 // step, where the weights' stream has evicted the cache, a layer's call took 23.5-24.5 against
-// 31-34 us (8 interleaved generations of 128 tokens, AVX-512 EPYC): it now reads the keys and values
-// at about the machine's read bandwidth.
+// 31-34 us (8 interleaved generations of 128 tokens, AVX-512 EPYC, its two vCPUs on one core
+// complex): about the machine's read bandwidth for 786 KB of keys and values. With the vCPUs on two
+// complexes it takes 18 us a layer where the bandwidth would allow ~11; 4 to 32 rows ahead made no
+// difference there (17.9-18.9 us).
 constexpr int64_t kAheadRows8 = 8;
 
 template <typename T, typename O>
