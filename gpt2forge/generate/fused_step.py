@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from gpt2forge.generate.gemv import GEMV_MAX_ROWS
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.ops import library as custom_ops
 
@@ -52,7 +53,8 @@ class FusedDecodeStep:
     @classmethod
     def of(cls, lm: CachedLM) -> FusedDecodeStep | None:
         """The fused step of `lm`, or None where it does not apply: the library lacks the class, the
-        model is not on the CPU in fp32 or bf16, a part is missing (a pipeline stage), a layer's
+        batch is larger than the matmul kernel serves (GEMV_MAX_ROWS rows: above it BLAS is faster),
+        the model is not on the CPU in fp32 or bf16, a part is missing (a pipeline stage), a layer's
         shape is not GPT-2's, or the activation is not one the class computes."""
         args = cls.arguments(lm)
         return None if args is None else cls(**args)
@@ -65,7 +67,7 @@ class FusedDecodeStep:
         t = model.transformer
         param = next(model.parameters())
         blocks = list(t.h.values())
-        if (_decode_model_class() is None or param.device.type != "cpu"
+        if (_decode_model_class() is None or lm.batch_size > GEMV_MAX_ROWS or param.device.type != "cpu"
                 or param.dtype not in (torch.float32, torch.bfloat16) or not lm.decode_kernel
                 or t.wte is None or t.wpe is None or t.ln_f is None or len(blocks) != cfg.n_layer
                 or cfg.activation_function not in ACTIVATIONS):

@@ -3,8 +3,6 @@ CachedLM's own forward, and its place in Generator(compile=True)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -87,12 +85,11 @@ def test_generator_uses_the_fused_step_on_cpu_and_generates_what_the_eager_one_d
 
 
 def test_models_the_fused_step_does_not_take_get_none():
-    model = model_of()
-    stage = copy.copy(model.transformer)  # a pipeline stage without the final LayerNorm
-    stage.ln_f = None
-    no_final_norm = copy.copy(model)
-    no_final_norm.transformer = stage
+    model, no_final_norm = model_of(), model_of()
+    no_final_norm.transformer.ln_f = None  # a pipeline stage without the final LayerNorm
     assert FusedDecodeStep.of(CachedLM(no_final_norm, 1, 8)) is None
+    assert FusedDecodeStep.of(CachedLM(model, 17, 8)) is None  # more rows than the matmul kernel serves
+    assert FusedDecodeStep.of(CachedLM(model, 16, 8)) is not None
     assert FusedDecodeStep.of(CachedLM(model.double(), 1, 8)) is None  # neither fp32 nor bf16
 
 
