@@ -167,8 +167,9 @@ def paired_floor_ratios(gen: Generator, prompts, n: int, nbytes: int) -> list[fl
     compared with a read ~10 ms away rather than with reads a whole generation before and after it.
     The read is the kernel's, not sum()'s: sum() runs on torch's OpenMP threads, whose worker keeps
     spinning for a while after it returns and would take the decode pool's second core from the
-    next step (and the pool's spinning helper would slow sum()); the two reads of the same bytes
-    agree within a few percent here."""
+    next step (and the pool's spinning helper would slow sum()). With the decode threads' cores close
+    the two reads agree within a few percent; with them far apart the kernel's is the slower
+    (53-59 against 64-76 GB/s at a run's start and end), so there this pairing is the lenient one."""
     x = torch.ones(-(-nbytes // 4096), 1024)  # the weights' bytes, rounded up to a 4 KiB row
     v = torch.ones(1, 1024)
     threads = torch.get_num_threads()  # the read on all of them, whatever the decode step uses

@@ -25,8 +25,8 @@ __attribute__((target("avx2"))) inline __m256 load8(const c10::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-// exp_nonpositive (vec_math.h) of 8 values, step by step the same arithmetic (no fused multiply-adds,
-// as the scalar function is compiled), so that it gives the same bits.
+// exp_nonpositive (vec_math.h) of 8 values, step by step the same arithmetic (no fused
+// multiply-adds, as the scalar function is compiled).
 __attribute__((target("avx2"))) inline __m256 exp8_nonpositive(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
