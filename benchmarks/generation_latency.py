@@ -123,8 +123,8 @@ def sync(device: torch.device) -> float:
 
 
 def bandwidth_gbs(device: torch.device, passes: int = 4, triad: bool = True) -> dict[str, float]:
-    """STREAM-like read, multi-stream read (CPU, custom ops built) and triad bandwidth in GB/s,
-    best of `passes` passes with 1 and with all threads; "floor" is the faster read."""
+    """STREAM-like read, multi-stream read (CPU, custom ops built; with each prefetch hint) and triad
+    bandwidth in GB/s, best of `passes` passes with 1 and with all threads; "floor" is the faster read."""
     x = torch.ones(2**28, device=device)  # 1 GiB: far larger than any cache
     a, b, c = (torch.ones(2**26 if triad else 1, device=device) for _ in range(3))  # 256 MiB each
     streams = device.type == "cpu" and custom_ops.has_op("gemv_set_threads")
@@ -136,10 +136,11 @@ def bandwidth_gbs(device: torch.device, passes: int = 4, triad: bool = True) -> 
                 t0 = sync(device)
                 x.sum()
                 best["read"] = min(best["read"], sync(device) - t0)
-                if streams:
-                    t0 = sync(device)
-                    torch.ops.gpt2forge.gemv_linear(v, x.view(-1, 1024), None)
-                    best["streams"] = min(best["streams"], sync(device) - t0)
+                for hint in gemv.PREFETCH_CHOICES if streams else ():  # the faster prefetch: the stricter floor
+                    with gemv.gemv_prefetch(hint):
+                        t0 = sync(device)
+                        torch.ops.gpt2forge.gemv_linear(v, x.view(-1, 1024), None)
+                        best["streams"] = min(best["streams"], sync(device) - t0)
                 if triad:
                     t0 = sync(device)
                     torch.add(b, c, alpha=3.0, out=a)
@@ -302,7 +303,7 @@ def measure(args, precision: str, B: int, device: torch.device) -> dict:
                           f"median "
                           f"{statistics.median(paired[-1]):.2f}x", file=sys.stderr, flush=True)
     out = {"precision": precision, "batch": B, "compile_s": round(compile_s, 1), "ours_threads": gen.threads,
-           "ours_streams": gen.streams,
+           "ours_streams": gen.streams, "ours_prefetch": gen.prefetch,
            "weights_MB": round(weight_bytes(ours) / 1e6, 1), "weights_MB_fp32": round(weight_bytes(ours, 4) / 1e6, 1)}
     for name, rs in rounds.items():
         full = statistics.median(r[0] for r in rs)
@@ -353,7 +354,8 @@ def main(argv=None) -> int:
             r["fp32_floor_ratio"] = round(o["ms_per_token"] / (r["weights_MB_fp32"] / 1e3 / bw * 1e3), 2)
             results.append(r)
             print(f"{precision} B={B}: ours {o['ms_per_token']} ms/token, {o['new_tokens_per_s']} new tokens/s "
-                  f"({r['ours_threads']} matmul thread(s), {r['ours_streams']} read streams) | "
+                  f"({r['ours_threads']} matmul thread(s), {r['ours_streams']} read streams, {r['ours_prefetch']} "
+                  f"prefetches) | "
                   f"transformers {h['ms_per_token']} ms/token, "
                   f"{h['new_tokens_per_s']} new tokens/s ({h['threads']} thread(s), the fastest setting) | "
                   f"latency x{r['speedup_latency']}, throughput x{r['speedup_throughput']} | "
@@ -387,7 +389,11 @@ def main(argv=None) -> int:
                           f"{TARGETS['floor_ratio']}x: {'met' if met else 'MISSED'})")
                 target = TARGETS["ms_per_token"][precision]
                 met = o["ms_per_token"] <= target and r["speedup_latency"] >= TARGETS["speedup_b1"]
-                print(f"  target <= {target} ms/token and >= {TARGETS['speedup_b1']}x: {'met' if met else 'MISSED'}")
+                # transformers' own time / the speed-up, against the floor: where transformers runs within
+                # 2.4x of the floor (its BLAS reads the weights well), the speed-up is out of anyone's reach.
+                reach = h["ms_per_token"] / TARGETS["speedup_b1"] / r["floor_ms_per_token"]
+                print(f"  target <= {target} ms/token and >= {TARGETS['speedup_b1']}x: {'met' if met else 'MISSED'}"
+                      + ("" if reach >= 1 else f" (that speed-up would be {reach:.2f}x the floor: not reachable here)"))
             else:
                 print(f"  target >= {TARGETS['speedup_b8']}x new tokens/s: "
                       f"{'met' if r['speedup_throughput'] >= TARGETS['speedup_b8'] else 'MISSED'}")

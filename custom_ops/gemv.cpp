@@ -83,16 +83,27 @@ void dots_portable(const float* __restrict x, int64_t ldx, const W* __restrict w
 // and 11.32 ms), and 12.10 against 12.76 ms in another run (faster in all 14 rounds, 36-45 GB/s).
 constexpr int64_t kAheadBytes = 1024;
 
-// The prefetches are non-temporal: W is read once per token, and a temporal fetch of half a GB
-// evicted from every cache level what the rest of the step and the Python loop around it use
-// again each token (activations, the KV cache, the compiled step's ~175 input tensors, the
-// interpreter's own data). With NTA, the time a GPT-2 small token spends outside the matmul
-// calls fell from 816 to 492 us and the token from 10.16 to 9.76 ms (medians of 8 interleaved
-// generations, 44-49 GB/s state; faster in 7 of 8 rounds). In the machine's 65-75 GB/s state (its
-// two vCPUs on different core complexes, pool_round_trip_ns below) it made no difference (8.10
-// against 8.18 ms, 6 rounds); T2 hints changed nothing either way, and NTA with 512 B, 2 and 4 KiB
-// ahead was no better than 1 KiB.
-[[gnu::always_inline]] inline void prefetch_once(const void* p) { __builtin_prefetch(p, 0, 0); }  // prefetchnta
+// Which prefetch instruction asks for W is a setting (gpt2forge::gemv_set_prefetch), because the best
+// one depends on the CPU by a factor of three:
+// - kNonTemporal (prefetchnta). W is read once per token, and a temporal fetch of half a GB evicted
+//   from every cache level what the rest of the step and the Python loop around it use again each
+//   token (activations, the KV cache, the compiled step's ~175 input tensors, the interpreter's own
+//   data). On the 2-core AVX-512 EPYC, with NTA the time a GPT-2 small token spent outside the
+//   matmul calls fell from 816 to 492 us and the token from 10.16 to 9.76 ms (medians of 8
+//   interleaved generations, 44-49 GB/s state; faster in 7 of 8 rounds); in its 65-75 GB/s state
+//   (its two vCPUs on different core complexes, pool_round_trip_ns below) no difference (8.10
+//   against 8.18 ms, 6 rounds); NTA with 512 B, 2 and 4 KiB ahead was no better than 1 KiB.
+// - kTemporal (prefetcht2, into L2). On the 2-core Xeon with AMX (2026-11-27) NTA capped each core at
+//   about 5 GB/s (a standalone copy of this loop over 1 GiB: 5.3 GB/s on one thread, 10.2-10.6 on
+//   two), where T2 read 15-16 on one and 29-31 on two, as did no software prefetch at all (15, 29):
+//   there the decode step took twice transformers' time. The default, as the safe one.
+// gpt2forge.generate.generator measures both and keeps the faster.
+enum Prefetch : int { kNonTemporal = 0, kTemporal = 1 };
+
+template <int P>
+[[gnu::always_inline]] inline void prefetch_once(const void* p) {
+  __builtin_prefetch(p, 0, P == kNonTemporal ? 0 : 1);  // prefetchnta or prefetcht2
+}
 
 // The 8 lanes of an accumulator added in one fixed order: every kernel below reduces a row's sum
 // with it, so a row gives the same bits whichever kernel computed it.
@@ -104,7 +115,7 @@ __attribute__((target("avx2"))) inline float lane_sum(__m256 v) {
 }
 
 // R rows of W against one row of x, one accumulator per row (R = 4 or 8 independent chains).
-template <int R, typename W>
+template <int R, int P, typename W>
 __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restrict x, const W* const* w, int64_t K,
                                                             float* out) {
   __m256 acc[R];
@@ -112,7 +123,7 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
   constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W));
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {  // 64 bytes of fp32 W a step: one prefetch per line and stream
-    for (int r = 0; r < R; ++r) prefetch_once(w[r] + k + ahead);
+    for (int r = 0; r < R; ++r) prefetch_once<P>(w[r] + k + ahead);
     const __m256 xv = _mm256_loadu_ps(x + k), xv2 = _mm256_loadu_ps(x + k + 8);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv, load8(w[r] + k), acc[r]);
     for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(xv2, load8(w[r] + k + 8), acc[r]);
@@ -136,7 +147,7 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
 // ahead: GPT-2 small's decode weights at 8 rows of x took 16.4-17.3 against 18.7-19.6 ms (6
 // interleaved passes); non-temporally, a whole batch-8 token took 19.23 against 19.35 ms (medians
 // of 6 interleaved rounds: no clear difference).
-template <int MB, typename W>
+template <int MB, int P, typename W>
 __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restrict xp, const float* __restrict x,
                                                             int64_t ldx, const W* __restrict w, int64_t K,
                                                             float* out) {
@@ -145,7 +156,7 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
   const int64_t K8 = K / 8 * 8;
   constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W)), line = 64 / sizeof(W);
   for (int64_t k = 0; k < K8; k += 8) {
-    if ((k & (line - 1)) == 0) prefetch_once(w + k + ahead);
+    if ((k & (line - 1)) == 0) prefetch_once<P>(w + k + ahead);
     const __m256 wv = load8(w + k);
     const float* xb = xp + k * MB;
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + m * 8), wv, acc[m]);
@@ -161,10 +172,10 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
 
 // One row of x against R rows of W at once (w[r] points at row r): R independent read streams
 // keep more cache-line misses in flight than one row after another (figures at the top).
-template <int R, typename W>
+template <int R, int P, typename W>
 void stream_dots(const float* x, const W* const* w, int64_t K, float* out) {
 #ifdef GPT2FORGE_AVX2
-  if (has_avx2_fma()) return stream_dots_avx2<R>(x, w, K, out);
+  if (has_avx2_fma()) return stream_dots_avx2<R, P>(x, w, K, out);
 #endif
   for (int r = 0; r < R; ++r) dots_portable<1>(x, K, w[r], K, out + r);
 }
@@ -177,6 +188,7 @@ constexpr int kMaxChunks = 1024;
 // Rows of W in the output tile of GemvJob::rows with several rows of x.
 constexpr int64_t kTileW = 64;
 inline std::atomic<int64_t> stream_setting{4};
+inline std::atomic<int64_t> prefetch_setting{1};  // a Prefetch (gpt2forge::gemv_set_prefetch)
 
 // The row bounds of a job's chunks for N rows of `row_bytes` on `threads` threads: chunk c is rows
 // bounds[c] .. bounds[c + 1]; returns the number of chunks. Each chunk is 1/(2 x threads) of the rows
@@ -207,6 +219,7 @@ struct GemvJob {
   int64_t M, K, N;
   const int64_t* bounds;  // chunk c is rows bounds[c] .. bounds[c + 1] (guided_bounds)
   int streams;  // at batch 1: 4 or 8
+  int prefetch;  // a Prefetch
   const float* packed;  // M > 1 with AVX2: x's groups of 8, 4 and 1 rows packed (pack_rows), else null
   Epilogue epilogue;  // applied to each stretch of y a chunk wrote, by the thread that wrote it (fn may be null)
 
@@ -215,10 +228,10 @@ struct GemvJob {
   void rows(int64_t chunk) const {
     const int64_t lo = bounds[chunk], hi = bounds[chunk + 1];
     if (M == 1) {
-      if (streams == 4)
-        streamed<4>(lo, hi);
+      if (prefetch == kNonTemporal)
+        streams == 4 ? streamed<4, kNonTemporal>(lo, hi) : streamed<8, kNonTemporal>(lo, hi);
       else
-        streamed<8>(lo, hi);
+        streams == 4 ? streamed<4, kTemporal>(lo, hi) : streamed<8, kTemporal>(lo, hi);
       if (epilogue.fn) epilogue.fn(epilogue.ctx, y + lo, lo, hi - lo);
       return;
     }
@@ -231,7 +244,8 @@ struct GemvJob {
     float* tile = tile_buffer.data();
     for (int64_t t = lo; t < hi; t += kTileW) {
       const int64_t here = std::min(kTileW, hi - t);
-      for (int64_t i = 0; i < here; ++i) row(t + i, tile + i, kTileW);
+      for (int64_t i = 0; i < here; ++i)
+        prefetch == kNonTemporal ? row<kNonTemporal>(t + i, tile + i, kTileW) : row<kTemporal>(t + i, tile + i, kTileW);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t i = 0; i < here; ++i) y[m * N + t + i] = tile[m * kTileW + i] + (b ? b[t + i] : 0.0f);
       if (epilogue.fn)
@@ -241,26 +255,27 @@ struct GemvJob {
 
   // Rows lo .. hi of W against the one row of x: S streams, each running down its own contiguous
   // slice of `per` rows.
-  template <int S>
+  template <int S, int P>
   void streamed(int64_t lo, int64_t hi) const {
     const int64_t per = (hi - lo) / S;
     for (int64_t i = 0; i < per; ++i) {
       const W* ws[S];
       float out[S];
       for (int s = 0; s < S; ++s) ws[s] = w + (lo + s * per + i) * K;
-      stream_dots<S>(x, ws, K, out);
+      stream_dots<S, P>(x, ws, K, out);
       for (int s = 0; s < S; ++s) store(0, lo + s * per + i, out[s]);
     }
     for (int64_t n = lo + S * per; n < hi; ++n) {  // the same sum for a row as in the streams
       const W* wn = w + n * K;
       float out;
-      stream_dots<1>(x, &wn, K, &out);
+      stream_dots<1, P>(x, &wn, K, &out);
       store(0, n, out);
     }
   }
 
   // Every row of x against row n of W, 8, then 4, then 1 rows of x at a time: row m's result to
   // out[m * stride] (bias not added).
+  template <int P>
   void row(int64_t n, float* out_base, int64_t stride) const {
     const W* wn = w + n * K;
     float out[8];
@@ -272,15 +287,15 @@ struct GemvJob {
     if (packed != nullptr) {  // always with AVX2 (gemv_rows)
       const int64_t K8 = K / 8 * 8;
       for (; m + 8 <= M; m += 8) {
-        packed_dots_avx2<8>(packed + m * K8, x + m * K, K, wn, K, out);
+        packed_dots_avx2<8, P>(packed + m * K8, x + m * K, K, wn, K, out);
         put(8);
       }
       for (; m + 4 <= M; m += 4) {
-        packed_dots_avx2<4>(packed + m * K8, x + m * K, K, wn, K, out);
+        packed_dots_avx2<4, P>(packed + m * K8, x + m * K, K, wn, K, out);
         put(4);
       }
       for (; m < M; ++m) {
-        packed_dots_avx2<1>(packed + m * K8, x + m * K, K, wn, K, out);
+        packed_dots_avx2<1, P>(packed + m * K8, x + m * K, K, wn, K, out);
         put(1);
       }
       return;
@@ -307,6 +322,13 @@ int64_t gemv_set_streams(int64_t streams) {
   TORCH_CHECK(streams == 4 || streams == 8, "gpt2forge::gemv_set_streams: expected 4 or 8 read streams, got ",
               streams);
   return stream_setting.exchange(streams);
+}
+
+int64_t gemv_set_prefetch(int64_t prefetch) {
+  TORCH_CHECK(prefetch == kNonTemporal || prefetch == kTemporal,
+              "gpt2forge::gemv_set_prefetch: expected 0 (non-temporal, prefetchnta) or 1 (temporal, prefetcht2), got ",
+              prefetch);
+  return prefetch_setting.exchange(prefetch);
 }
 
 int64_t gemv_set_threads(int64_t threads) {
@@ -380,13 +402,15 @@ void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t
                Epilogue epilogue = {}) {
   const int threads = pool_threads();
   const int streams = static_cast<int>(stream_setting.load(std::memory_order_relaxed));
+  const int prefetch = static_cast<int>(prefetch_setting.load(std::memory_order_relaxed));
   int64_t bounds[kMaxChunks + 1];
   const int chunks = guided_bounds(N, K * static_cast<int64_t>(sizeof(W)), threads, M == 1 ? streams : 1, bounds);
   std::vector<float> packed;  // never empty once packed
 #ifdef GPT2FORGE_AVX2
   if (M > 1 && has_avx2_fma()) packed = pack_rows(xp, M, K);
 #endif
-  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, packed.empty() ? nullptr : packed.data(), epilogue};
+  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, prefetch, packed.empty() ? nullptr : packed.data(),
+                       epilogue};
   Pool::get().run(&GemvJob<W>::run_chunk, &job, chunks, threads);
 }
 
@@ -441,6 +465,8 @@ TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
   m.def("gemv_set_threads(int threads) -> int", &gpt2forge::gemv_set_threads);
   // Read streams at batch 1 (4 or 8); returns the previous setting.
   m.def("gemv_set_streams(int streams) -> int", &gpt2forge::gemv_set_streams);
+  // How W is prefetched: 0 non-temporal (prefetchnta), 1 temporal (prefetcht2); returns the previous setting.
+  m.def("gemv_set_prefetch(int prefetch) -> int", &gpt2forge::gemv_set_prefetch);
   // The caller's and the first helper's cores: a cache line's round trip in ns (NaN: no helper).
   m.def("pool_round_trip_ns(int rounds) -> float", &gpt2forge::pool_round_trip_ns);
 }

@@ -128,7 +128,7 @@ class Session:
         warm_s = self.gen.warm_up()  # excluded from the latency lines, as the reference's first call
         what = "Compiled the decode step" if args.poptorch_loop else "Warmed up"
         print(f"{what} in {warm_s:.1f} secs; decoding on {self.gen.threads} thread(s), "
-              f"{self.gen.streams} read streams" if device.type == "cpu"
+              f"{self.gen.streams} read streams, {self.gen.prefetch} prefetches" if device.type == "cpu"
               else f"{what} in {warm_s:.1f} secs", file=sys.stderr)
         self.rng = torch.Generator(device=device)
         self.rng.manual_seed(args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)

@@ -6,8 +6,9 @@ its time is the time to read the weights (bf16 weights: half the bytes). `gemv_l
 where BLAS reaches 12-17 GB/s, on the 2-core AVX2 development machine (benchmarks/generation_latency.py
 has the whole-token figures). `gemv_threads(n)` sets how many threads it uses, `gemv_streams(s)`
 how many read streams one row of x keeps in flight at batch 1 (4 or 8: the faster depends on the
-machine). Its reference is F.linear: the fallback whenever the kernel does not apply (library not
-built, not CPU fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
+machine), `gemv_prefetch(hint)` which prefetch instruction asks for W ahead of its reads. Its
+reference is F.linear: the fallback whenever the kernel does not apply (library not built, not CPU
+fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
 tests/ops/test_custom_ops.py.
 On a CPU without bf16 instructions, where ATen emulates bf16 matmuls (~1 GFLOP/s), bf16 prefill
 runs on the kernel too, at any row count.
@@ -58,6 +59,23 @@ def gemv_streams(n: int) -> contextlib.AbstractContextManager:
     if n not in STREAM_CHOICES:
         raise ValueError(f"gemv read streams must be one of {STREAM_CHOICES}, got {n}")
     return _kernel_setting("gemv_set_streams", n)
+
+
+PREFETCH_CHOICES = ("t2", "nta")
+"""How the kernel prefetches W: "t2" (prefetcht2, into L2: the default) or "nta" (prefetchnta,
+non-temporal). Which is faster depends on the CPU by up to 3x (custom_ops/gemv.cpp: NTA capped a
+core of a Xeon at 5 GB/s, where on an EPYC it kept the step's other data in cache);
+gpt2forge.generate.generator measures both."""
+
+_PREFETCH_CODES = {"nta": 0, "t2": 1}  # gpt2forge::gemv_set_prefetch's argument
+
+
+def gemv_prefetch(hint: str) -> contextlib.AbstractContextManager:
+    """The kernel prefetches W with `hint` (one of PREFETCH_CHOICES) inside the block, restored after;
+    nothing to set when the kernel is not available."""
+    if hint not in PREFETCH_CHOICES:
+        raise ValueError(f"gemv prefetch must be one of {PREFETCH_CHOICES}, got {hint!r}")
+    return _kernel_setting("gemv_set_prefetch", _PREFETCH_CODES[hint])
 
 
 @contextlib.contextmanager

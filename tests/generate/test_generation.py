@@ -134,27 +134,29 @@ def test_compiled_decode_step_generates_what_the_eager_one_does_call_after_call(
 
 def test_decode_steps_run_torch_on_one_thread_and_the_matmuls_on_the_generators_settings(monkeypatch):
     from gpt2forge.generate import generator as generator_module
-    set_to, streams_set = [], []
+    set_to, streams_set, prefetch_set = [], [], []
     monkeypatch.setattr(generator_module, "gemv_threads", lambda n: set_to.append(n) or contextlib.nullcontext())
     monkeypatch.setattr(generator_module, "gemv_streams", lambda n: streams_set.append(n) or contextlib.nullcontext())
+    monkeypatch.setattr(generator_module, "gemv_prefetch", lambda h: prefetch_set.append(h) or contextlib.nullcontext())
     gen = Generator(make_model(tiny()), 1, 20)
-    gen.threads, gen.streams = 3, 8
+    gen.threads, gen.streams, gen.prefetch = 3, 8, "nta"
     before = torch.get_num_threads()
     with gen._decoding():
-        assert torch.get_num_threads() == 1 and set_to == [3] and streams_set == [8]
-    with gen._decoding(2, 4):
-        assert set_to == [3, 2] and streams_set == [8, 4]
+        assert torch.get_num_threads() == 1 and set_to == [3] and streams_set == [8] and prefetch_set == ["nta"]
+    with gen._decoding(2, 4, "t2"):
+        assert set_to == [3, 2] and streams_set == [8, 4] and prefetch_set == ["nta", "t2"]
     assert torch.get_num_threads() == before
 
 
-def test_the_probe_picks_the_fastest_threads_and_streams(monkeypatch):
-    # Every (threads, streams) setting is timed, alternating, and the fastest kept; at batch 1 both
-    # stream counts are tried, at batch 2 or without the kernel only the default (the kernel streams
-    # one row of x only).
+def test_the_probe_picks_the_fastest_threads_streams_and_prefetch(monkeypatch):
+    # Every (threads, streams, prefetch) setting is timed, alternating, and the fastest kept; at batch 1
+    # both stream counts are tried, at batch 2 only the default (the kernel streams one row of x only);
+    # without the kernel only the thread count is probed.
     from types import SimpleNamespace
 
     from gpt2forge.generate import generator as generator_module
-    step_s = {(2, 4): 3.0, (2, 8): 2.0, (1, 4): 5.0, (1, 8): 4.0}
+    step_s = {(2, 4, "t2"): 3.0, (2, 8, "t2"): 2.5, (1, 4, "t2"): 5.0, (1, 8, "t2"): 4.0,
+              (2, 4, "nta"): 2.8, (2, 8, "nta"): 2.0, (1, 4, "nta"): 6.0, (1, 8, "nta"): 7.0}
 
     class FakeStep:  # a decode step whose duration depends on the settings it runs under
         def __init__(self, batch_size: int):
@@ -165,16 +167,19 @@ def test_the_probe_picks_the_fastest_threads_and_streams(monkeypatch):
             self.clock += step_s[self.setting]
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    for batch, kernel, want in ((1, True, (2, 8)), (2, True, (2, 4)), (1, False, (2, 4))):
+    for batch, kernel, want, tried in (
+            (1, True, (2, 8, "nta"), set(step_s)),
+            (2, True, (2, 4, "nta"), {(t, 4, h) for t in (1, 2) for h in ("t2", "nta")}),
+            (1, False, (2, 4, "t2"), {(2, 4, "t2"), (1, 4, "t2")})):
         monkeypatch.setattr(generator_module, "kernel_available", lambda kernel=kernel: kernel)
         gen = Generator(make_model(tiny()), batch, 20)
         step = FakeStep(batch)
         monkeypatch.setattr(gen, "lm", step)
         monkeypatch.setattr(generator_module, "time", SimpleNamespace(perf_counter=lambda step=step: step.clock))
-        monkeypatch.setattr(gen, "_decoding", lambda threads, streams, step=step: (
-            setattr(step, "setting", (threads, streams)) or contextlib.nullcontext()))
+        monkeypatch.setattr(gen, "_decoding", lambda threads, streams, prefetch, step=step: (
+            setattr(step, "setting", (threads, streams, prefetch)) or contextlib.nullcontext()))
         assert gen._probe_settings() == want
-        assert set(step.seen) == ({(2, 4), (2, 8), (1, 4), (1, 8)} if want == (2, 8) else {(2, 4), (1, 4)})
+        assert set(step.seen) == tried
 
 
 def test_training_sample_uses_the_cache_and_matches_greedy():

@@ -329,26 +329,31 @@ def test_gemv_linear_on_several_threads_matches_f_linear(ops, threads: int, stre
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemv_linear_results_do_not_depend_on_threads_or_streams(ops, dtype: torch.dtype):
+def test_gemv_linear_results_do_not_depend_on_threads_streams_or_prefetch(ops, dtype: torch.dtype):
     # The chunks (and so which rows fall in a chunk's streams or its remainder) change with the
-    # thread and stream counts; every row's sum is taken the same way all the same.
-    # N = 7, 13, 30: rows past the last multiple of 4 or 8 (the streams' remainder) in some settings.
+    # thread and stream counts; every row's sum is taken the same way all the same, and the prefetch
+    # hint changes only how W reaches the cache. N = 7, 13, 30: rows past the last multiple of 4 or 8
+    # (the streams' remainder) in some settings. Three rows of x: the packed several-rows loop.
     g = torch.Generator().manual_seed(7)
-    threads_before, streams_before = ops.gemv_set_threads(1), ops.gemv_set_streams(4)
+    before = ops.gemv_set_threads(1), ops.gemv_set_streams(4), ops.gemv_set_prefetch(1)
     try:
         for N in (7, 13, 30, 4099):
-            x, W = torch.randn(1, 771, generator=g).to(dtype), torch.randn(N, 771, generator=g).to(dtype)
-            ys = []
-            for threads in (1, 2, 3):
-                for streams in (4, 8):
-                    ops.gemv_set_threads(threads)
-                    ops.gemv_set_streams(streams)
-                    ys.append(ops.gemv_linear(x, W, None))
-            for y in ys[1:]:
-                assert torch.equal(y, ys[0]), f"N = {N}"
+            W = torch.randn(N, 771, generator=g).to(dtype)
+            for x in (torch.randn(1, 771, generator=g).to(dtype), torch.randn(3, 771, generator=g).to(dtype)):
+                ys = []
+                for threads in (1, 2, 3):
+                    for streams in (4, 8):
+                        for prefetch in (0, 1):
+                            ops.gemv_set_threads(threads)
+                            ops.gemv_set_streams(streams)
+                            ops.gemv_set_prefetch(prefetch)
+                            ys.append(ops.gemv_linear(x, W, None))
+                for y in ys[1:]:
+                    assert torch.equal(y, ys[0]), f"N = {N}, {len(x)} rows"
     finally:
-        ops.gemv_set_threads(threads_before)
-        ops.gemv_set_streams(streams_before)
+        ops.gemv_set_threads(before[0])
+        ops.gemv_set_streams(before[1])
+        ops.gemv_set_prefetch(before[2])
 
 
 @pytest.mark.slow
@@ -383,6 +388,23 @@ def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
             gemv_streams(5)
     finally:
         ops.gemv_set_streams(before)
+
+
+def test_gemv_set_prefetch_returns_the_previous_hint_and_takes_only_nta_or_t2(ops):
+    from gpt2forge.generate.gemv import gemv_prefetch
+    before = ops.gemv_set_prefetch(0)
+    try:
+        assert ops.gemv_set_prefetch(1) == 0
+        for wrong in (-1, 2, 3):
+            with pytest.raises(RuntimeError, match="expected 0 \\(non-temporal, prefetchnta\\) or 1"):
+                ops.gemv_set_prefetch(wrong)
+        with gemv_prefetch("nta"):  # the Python side: set inside the block, restored after
+            assert ops.gemv_set_prefetch(0) == 0
+        assert ops.gemv_set_prefetch(1) == 1
+        with pytest.raises(ValueError, match="one of \\('t2', 'nta'\\), got 't0'"):
+            gemv_prefetch("t0")
+    finally:
+        ops.gemv_set_prefetch(before)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: the caller's and a helper's")
