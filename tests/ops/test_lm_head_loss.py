@@ -87,6 +87,25 @@ def test_kernel_equals_reference_on_odd_sizes():
             torch.testing.assert_close(x, z, rtol=1e-5, atol=1e-5)
 
 
+def test_kernel_takes_inputs_that_require_grad_on_several_threads():
+    # The logits tiles run on the intra-op threads, whose grad mode is on whatever the caller's is,
+    # and in fp32 they are written in place with mm's out= form, which refuses inputs that require
+    # grad under grad mode: the op detaches its inputs. V = 1100: five tiles of columns on two threads.
+    if not HAVE_KERNEL:
+        pytest.skip("custom ops library not built")
+    h, W, y, V = problem(N=40, C=24, V=1100, V_pad=1152, seed=4)
+    want = lm_head_ce_reference(h, W, y, V, IGNORE_INDEX, 16, 1, torch.float32, True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = torch.ops.gpt2forge.lm_head_ce(h.requires_grad_(), W.requires_grad_(), y, V, IGNORE_INDEX, 16, 1,
+                                             torch.float32, True)
+    finally:
+        torch.set_num_threads(threads)
+    for x, z in zip(got, want):
+        torch.testing.assert_close(x.detach(), z, rtol=1e-5, atol=1e-5)
+
+
 def test_all_ignored_and_no_grad(impl):
     h, W, y, V = problem(N=6)
     y[:] = IGNORE_INDEX
