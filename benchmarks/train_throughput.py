@@ -110,6 +110,7 @@ def _build_ours(args, device, precision, cfg, model):
     import torch
 
     from gpt2forge.core.runtime import LossScaler, configure_host_allocator
+    from gpt2forge.ops.fp_mode import flush_denormals
     from gpt2forge.parallel.data_parallel import DataParallel
     from gpt2forge.parallel.strategy import ParallelRequest
     from gpt2forge.train.config import TrainConfig
@@ -124,6 +125,7 @@ def _build_ours(args, device, precision, cfg, model):
     apply_memory_features(model, tcfg.memory, device)  # the trainer's defaults: the fused LM head + loss
     if device.type == "cpu":
         configure_host_allocator()  # as the trainer does (a no-op when MALLOC_MMAP_MAX_ is set)
+        flush_denormals()  # as the trainer does
     optimizer = build_optimizer(model, tcfg.optim.optimizer, tcfg.optim.learning_rate, tcfg.optim.weight_decay,
                                 device_type=device.type)
     scheduler = build_lr_schedule(optimizer, tcfg.optim.lr_schedule, 1_000_000, 0)
