@@ -271,7 +271,7 @@ def measure(args, precision: str, B: int, device: torch.device) -> dict:
     # ops on 1 thread) and with the count ours picked for its matmuls; the fastest is the baseline,
     # so ours is never credited for a thread setting alone.
     contenders = {"ours": lambda n: time_ours(gen, prompts, n)}
-    settings = {"both": {torch.get_num_threads(), 1, gen.threads}, "ours": {1, gen.threads},
+    settings = {"both": {torch.get_num_threads(), 1, gen.kernel.threads}, "ours": {1, gen.kernel.threads},
                 "default": {torch.get_num_threads()}}[args.hf_threads]
     for threads in sorted(settings):
         contenders[f"transformers@{threads}"] = lambda n, t=threads: _with_threads(t, time_hf, hf, ids, n)
@@ -302,8 +302,8 @@ def measure(args, precision: str, B: int, device: torch.device) -> dict:
                     print(f"  ours step by step against the kernel's read of its bytes right after each step: "
                           f"median "
                           f"{statistics.median(paired[-1]):.2f}x", file=sys.stderr, flush=True)
-    out = {"precision": precision, "batch": B, "compile_s": round(compile_s, 1), "ours_threads": gen.threads,
-           "ours_streams": gen.streams, "ours_prefetch": gen.prefetch,
+    out = {"precision": precision, "batch": B, "compile_s": round(compile_s, 1), "ours_threads": gen.kernel.threads,
+           "ours_streams": gen.kernel.streams, "ours_prefetch": gen.kernel.prefetch, "ours_lanes": gen.kernel.lanes,
            "weights_MB": round(weight_bytes(ours) / 1e6, 1), "weights_MB_fp32": round(weight_bytes(ours, 4) / 1e6, 1)}
     for name, rs in rounds.items():
         full = statistics.median(r[0] for r in rs)
@@ -355,7 +355,7 @@ def main(argv=None) -> int:
             results.append(r)
             print(f"{precision} B={B}: ours {o['ms_per_token']} ms/token, {o['new_tokens_per_s']} new tokens/s "
                   f"({r['ours_threads']} matmul thread(s), {r['ours_streams']} read streams, {r['ours_prefetch']} "
-                  f"prefetches) | "
+                  f"prefetches, {r['ours_lanes']} lanes) | "
                   f"transformers {h['ms_per_token']} ms/token, "
                   f"{h['new_tokens_per_s']} new tokens/s ({h['threads']} thread(s), the fastest setting) | "
                   f"latency x{r['speedup_latency']}, throughput x{r['speedup_throughput']} | "

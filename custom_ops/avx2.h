@@ -1,8 +1,9 @@
 #pragma once
 
-// AVX2 helpers shared by the kernels that have an AVX2 path (gemv.cpp, decode_attention.cpp). The
-// library is built without -march=native, so such a path is compiled with a target attribute and
-// taken only where has_avx2_fma() says the CPU has the instructions.
+// AVX2 (and AVX-512) helpers shared by the kernels that have such a path (gemv.cpp,
+// decode_attention.cpp, decode_step.cpp). The library is built without -march=native, so such a
+// path is compiled with a target attribute and taken only where has_avx2_fma() (has_avx512f())
+// says the CPU has the instructions.
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -17,12 +18,25 @@ inline bool has_avx2_fma() {
   return yes;
 }
 
+inline bool has_avx512f() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
 __attribute__((target("avx2"))) inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 
 // 8 bf16 values widened to fp32: a bf16 is the high half of the fp32 with the same bits.
 __attribute__((target("avx2"))) inline __m256 load8(const c10::BFloat16* p) {
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+__attribute__((target("avx512f"))) inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+// 16 bf16 values widened to fp32, as load8 does.
+__attribute__((target("avx512f"))) inline __m512 load16(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
 // exp_nonpositive (vec_math.h) of 8 values, step by step the same arithmetic (no fused

@@ -168,13 +168,66 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
   }
 }
 
+// The AVX-512 forms of the two loops above (gpt2forge::gemv_set_lanes(16)): 16 lanes per
+// accumulator, k in steps of 16, then the 16 lanes folded to 8 (lane i + lane i + 8) and reduced by
+// lane_sum, then the K % 16 tail one value at a time. Both forms reduce a row the same way, so in
+// this mode too a row gives the same bits alone and in a batch; the bits differ from the 8-lane
+// mode's. With several rows of x the 8-lane loop is bound by its loads and FMAs, not by memory:
+// GPT-2 small's decode at batch 8 read W at ~14 GB/s against ~30 at batch 1 on the 2-core AMX Xeon.
+__attribute__((target("avx512f"))) inline float lane_sum16(__m512 v) {
+  const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));  // AVX512F only
+  return lane_sum(_mm256_add_ps(_mm512_castps512_ps256(v), high));
+}
+
+template <int R, int P, typename W>
+__attribute__((target("avx512f,avx2,fma"))) void stream_dots_avx512(const float* __restrict x, const W* const* w,
+                                                                     int64_t K, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W));
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    for (int r = 0; r < R; ++r) prefetch_once<P>(w[r] + k + ahead);
+    const __m512 xv = load16(x + k);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(xv, load16(w[r] + k), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = lane_sum16(acc[r]);
+    for (int64_t kk = k; kk < K; ++kk) s += x[kk] * static_cast<float>(w[r][kk]);
+    out[r] = s;
+  }
+}
+
+// x packed by 16 (pack_rows<16>): block k/16 holds the 16 values of each of the MB rows at k .. k+16.
+template <int MB, int P, typename W>
+__attribute__((target("avx512f,avx2,fma"))) void packed_dots_avx512(const float* __restrict xp,
+                                                                     const float* __restrict x, int64_t ldx,
+                                                                     const W* __restrict w, int64_t K, float* out) {
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  const int64_t K16 = K / 16 * 16;
+  constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W)), line = 64 / sizeof(W);
+  for (int64_t k = 0; k < K16; k += 16) {
+    if ((k & (line - 1)) == 0) prefetch_once<P>(w + k + ahead);
+    const __m512 wv = load16(w + k);
+    const float* xb = xp + k * MB;
+    for (int m = 0; m < MB; ++m) acc[m] = _mm512_fmadd_ps(_mm512_loadu_ps(xb + m * 16), wv, acc[m]);
+  }
+  for (int m = 0; m < MB; ++m) {
+    float s = lane_sum16(acc[m]);
+    for (int64_t kk = K16; kk < K; ++kk) s += x[m * ldx + kk] * static_cast<float>(w[kk]);
+    out[m] = s;
+  }
+}
+
 #endif
 
 // One row of x against R rows of W at once (w[r] points at row r): R independent read streams
 // keep more cache-line misses in flight than one row after another (figures at the top).
-template <int R, int P, typename W>
+template <int R, int P, int L, typename W>
 void stream_dots(const float* x, const W* const* w, int64_t K, float* out) {
 #ifdef GPT2FORGE_AVX2
+  if (L == 16) return stream_dots_avx512<R, P>(x, w, K, out);  // gemv_set_lanes took 16: the CPU has AVX-512
   if (has_avx2_fma()) return stream_dots_avx2<R, P>(x, w, K, out);
 #endif
   for (int r = 0; r < R; ++r) dots_portable<1>(x, K, w[r], K, out + r);
@@ -189,6 +242,7 @@ constexpr int kMaxChunks = 1024;
 constexpr int64_t kTileW = 64;
 inline std::atomic<int64_t> stream_setting{4};
 inline std::atomic<int64_t> prefetch_setting{1};  // a Prefetch (gpt2forge::gemv_set_prefetch)
+inline std::atomic<int64_t> lanes_setting{8};  // 8 (AVX2) or 16 (AVX-512) lanes (gpt2forge::gemv_set_lanes)
 
 // The row bounds of a job's chunks for N rows of `row_bytes` on `threads` threads: chunk c is rows
 // bounds[c] .. bounds[c + 1]; returns the number of chunks. Each chunk is 1/(2 x threads) of the rows
@@ -220,7 +274,8 @@ struct GemvJob {
   const int64_t* bounds;  // chunk c is rows bounds[c] .. bounds[c + 1] (guided_bounds)
   int streams;  // at batch 1: 4 or 8
   int prefetch;  // a Prefetch
-  const float* packed;  // M > 1 with AVX2: x's groups of 8, 4 and 1 rows packed (pack_rows), else null
+  int lanes;  // 8 or 16: the AVX2 or the AVX-512 loops
+  const float* packed;  // M > 1 with AVX2: x's groups of 8, 4 and 1 rows packed by `lanes` (pack_rows), else null
   Epilogue epilogue;  // applied to each stretch of y a chunk wrote, by the thread that wrote it (fn may be null)
 
   static void run_chunk(const void* self, int64_t chunk) { static_cast<const GemvJob*>(self)->rows(chunk); }
@@ -228,10 +283,10 @@ struct GemvJob {
   void rows(int64_t chunk) const {
     const int64_t lo = bounds[chunk], hi = bounds[chunk + 1];
     if (M == 1) {
-      if (prefetch == kNonTemporal)
-        streams == 4 ? streamed<4, kNonTemporal>(lo, hi) : streamed<8, kNonTemporal>(lo, hi);
+      if (lanes == 16)
+        prefetch == kNonTemporal ? streamed<kNonTemporal, 16>(lo, hi) : streamed<kTemporal, 16>(lo, hi);
       else
-        streams == 4 ? streamed<4, kTemporal>(lo, hi) : streamed<8, kTemporal>(lo, hi);
+        prefetch == kNonTemporal ? streamed<kNonTemporal, 8>(lo, hi) : streamed<kTemporal, 8>(lo, hi);
       if (epilogue.fn) epilogue.fn(epilogue.ctx, y + lo, lo, hi - lo);
       return;
     }
@@ -244,8 +299,14 @@ struct GemvJob {
     float* tile = tile_buffer.data();
     for (int64_t t = lo; t < hi; t += kTileW) {
       const int64_t here = std::min(kTileW, hi - t);
-      for (int64_t i = 0; i < here; ++i)
-        prefetch == kNonTemporal ? row<kNonTemporal>(t + i, tile + i, kTileW) : row<kTemporal>(t + i, tile + i, kTileW);
+      for (int64_t i = 0; i < here; ++i) {
+        if (lanes == 16)
+          prefetch == kNonTemporal ? row<kNonTemporal, 16>(t + i, tile + i, kTileW)
+                                   : row<kTemporal, 16>(t + i, tile + i, kTileW);
+        else
+          prefetch == kNonTemporal ? row<kNonTemporal, 8>(t + i, tile + i, kTileW)
+                                   : row<kTemporal, 8>(t + i, tile + i, kTileW);
+      }
       for (int64_t m = 0; m < M; ++m)
         for (int64_t i = 0; i < here; ++i) y[m * N + t + i] = tile[m * kTileW + i] + (b ? b[t + i] : 0.0f);
       if (epilogue.fn)
@@ -253,29 +314,37 @@ struct GemvJob {
     }
   }
 
-  // Rows lo .. hi of W against the one row of x: S streams, each running down its own contiguous
-  // slice of `per` rows.
-  template <int S, int P>
+  // Rows lo .. hi of W against the one row of x: `streams` streams, each running down its own
+  // contiguous slice of `per` rows.
+  template <int P, int L>
+  void streamed(int64_t lo, int64_t hi) const {
+    if (streams == 4)
+      streamed<4, P, L>(lo, hi);
+    else
+      streamed<8, P, L>(lo, hi);
+  }
+
+  template <int S, int P, int L>
   void streamed(int64_t lo, int64_t hi) const {
     const int64_t per = (hi - lo) / S;
     for (int64_t i = 0; i < per; ++i) {
       const W* ws[S];
       float out[S];
       for (int s = 0; s < S; ++s) ws[s] = w + (lo + s * per + i) * K;
-      stream_dots<S, P>(x, ws, K, out);
+      stream_dots<S, P, L>(x, ws, K, out);
       for (int s = 0; s < S; ++s) store(0, lo + s * per + i, out[s]);
     }
     for (int64_t n = lo + S * per; n < hi; ++n) {  // the same sum for a row as in the streams
       const W* wn = w + n * K;
       float out;
-      stream_dots<1, P>(x, &wn, K, &out);
+      stream_dots<1, P, L>(x, &wn, K, &out);
       store(0, n, out);
     }
   }
 
   // Every row of x against row n of W, 8, then 4, then 1 rows of x at a time: row m's result to
   // out[m * stride] (bias not added).
-  template <int P>
+  template <int P, int L>
   void row(int64_t n, float* out_base, int64_t stride) const {
     const W* wn = w + n * K;
     float out[8];
@@ -284,6 +353,22 @@ struct GemvJob {
       for (int i = 0; i < count; ++i) out_base[(m + i) * stride] = out[i];
     };
 #ifdef GPT2FORGE_AVX2
+    if (packed != nullptr && L == 16) {  // gemv_set_lanes took 16: the CPU has AVX-512
+      const int64_t K16 = K / 16 * 16;
+      for (; m + 8 <= M; m += 8) {
+        packed_dots_avx512<8, P>(packed + m * K16, x + m * K, K, wn, K, out);
+        put(8);
+      }
+      for (; m + 4 <= M; m += 4) {
+        packed_dots_avx512<4, P>(packed + m * K16, x + m * K, K, wn, K, out);
+        put(4);
+      }
+      for (; m < M; ++m) {
+        packed_dots_avx512<1, P>(packed + m * K16, x + m * K, K, wn, K, out);
+        put(1);
+      }
+      return;
+    }
     if (packed != nullptr) {  // always with AVX2 (gemv_rows)
       const int64_t K8 = K / 8 * 8;
       for (; m + 8 <= M; m += 8) {
@@ -329,6 +414,17 @@ int64_t gemv_set_prefetch(int64_t prefetch) {
               "gpt2forge::gemv_set_prefetch: expected 0 (non-temporal, prefetchnta) or 1 (temporal, prefetcht2), got ",
               prefetch);
   return prefetch_setting.exchange(prefetch);
+}
+
+int64_t gemv_set_lanes(int64_t lanes) {
+  TORCH_CHECK(lanes == 8 || lanes == 16, "gpt2forge::gemv_set_lanes: expected 8 (AVX2) or 16 (AVX-512) lanes, got ",
+              lanes);
+#ifdef GPT2FORGE_AVX2
+  TORCH_CHECK(lanes == 8 || has_avx512f(), "gpt2forge::gemv_set_lanes: 16 lanes need AVX-512, which this CPU lacks");
+#else
+  TORCH_CHECK(lanes == 8, "gpt2forge::gemv_set_lanes: 16 lanes need an x86 CPU with AVX-512");
+#endif
+  return lanes_setting.exchange(lanes);
 }
 
 int64_t gemv_set_threads(int64_t threads) {
@@ -383,16 +479,17 @@ double pool_round_trip_ns(int64_t rounds) {
 
 #ifdef GPT2FORGE_AVX2
 // x (M, K)'s rows in the groups GemvJob::row takes them (8 at a time, then 4, then 1), each group
-// of MB rows starting at m packed at m * K8 as packed_dots_avx2 reads it (K8 = K rounded down to 8).
-std::vector<float> pack_rows(const float* x, int64_t M, int64_t K) {
-  const int64_t K8 = K / 8 * 8;
-  std::vector<float> packed(static_cast<size_t>(std::max<int64_t>(1, M * K8)));  // K < 8: empty, but a pointer
+// of MB rows starting at m packed at m * KL in blocks of L values, as packed_dots_avx2 (L = 8) and
+// packed_dots_avx512 (L = 16) read it (KL = K rounded down to L).
+std::vector<float> pack_rows(const float* x, int64_t M, int64_t K, int64_t L) {
+  const int64_t KL = K / L * L;
+  std::vector<float> packed(static_cast<size_t>(std::max<int64_t>(1, M * KL)));  // K < L: empty, but a pointer
   int64_t m = 0;
   for (const int64_t MB : {8, 4, 1})
     for (; m + MB <= M; m += MB)
-      for (int64_t k = 0; k < K8; k += 8)
+      for (int64_t k = 0; k < KL; k += L)
         for (int64_t r = 0; r < MB; ++r)
-          for (int64_t j = 0; j < 8; ++j) packed[m * K8 + k * MB + r * 8 + j] = x[(m + r) * K + k + j];
+          for (int64_t j = 0; j < L; ++j) packed[m * KL + k * MB + r * L + j] = x[(m + r) * K + k + j];
   return packed;
 }
 #endif
@@ -403,14 +500,15 @@ void gemv_rows(const float* xp, const W* wp, const float* bp, float* yp, int64_t
   const int threads = pool_threads();
   const int streams = static_cast<int>(stream_setting.load(std::memory_order_relaxed));
   const int prefetch = static_cast<int>(prefetch_setting.load(std::memory_order_relaxed));
+  const int lanes = static_cast<int>(lanes_setting.load(std::memory_order_relaxed));
   int64_t bounds[kMaxChunks + 1];
   const int chunks = guided_bounds(N, K * static_cast<int64_t>(sizeof(W)), threads, M == 1 ? streams : 1, bounds);
   std::vector<float> packed;  // never empty once packed
 #ifdef GPT2FORGE_AVX2
-  if (M > 1 && has_avx2_fma()) packed = pack_rows(xp, M, K);
+  if (M > 1 && has_avx2_fma()) packed = pack_rows(xp, M, K, lanes);
 #endif
-  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, prefetch, packed.empty() ? nullptr : packed.data(),
-                       epilogue};
+  const GemvJob<W> job{xp, wp, bp, yp, M, K, N, bounds, streams, prefetch, lanes,
+                       packed.empty() ? nullptr : packed.data(), epilogue};
   Pool::get().run(&GemvJob<W>::run_chunk, &job, chunks, threads);
 }
 
@@ -467,6 +565,8 @@ TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
   m.def("gemv_set_streams(int streams) -> int", &gpt2forge::gemv_set_streams);
   // How W is prefetched: 0 non-temporal (prefetchnta), 1 temporal (prefetcht2); returns the previous setting.
   m.def("gemv_set_prefetch(int prefetch) -> int", &gpt2forge::gemv_set_prefetch);
+  // The loops' vector lanes: 8 (AVX2) or 16 (AVX-512, where the CPU has it); returns the previous setting.
+  m.def("gemv_set_lanes(int lanes) -> int", &gpt2forge::gemv_set_lanes);
   // The caller's and the first helper's cores: a cache line's round trip in ns (NaN: no helper).
   m.def("pool_round_trip_ns(int rounds) -> float", &gpt2forge::pool_round_trip_ns);
 }

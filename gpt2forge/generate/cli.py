@@ -127,8 +127,9 @@ class Session:
         self.gen = Generator(model, args.batch_size, args.input_len + args.output_len, compile=args.poptorch_loop)
         warm_s = self.gen.warm_up()  # excluded from the latency lines, as the reference's first call
         what = "Compiled the decode step" if args.poptorch_loop else "Warmed up"
-        print(f"{what} in {warm_s:.1f} secs; decoding on {self.gen.threads} thread(s), "
-              f"{self.gen.streams} read streams, {self.gen.prefetch} prefetches" if device.type == "cpu"
+        kernel = self.gen.kernel
+        print(f"{what} in {warm_s:.1f} secs; decoding on {kernel.threads} thread(s), {kernel.streams} read streams, "
+              f"{kernel.prefetch} prefetches, {kernel.lanes} lanes" if device.type == "cpu"
               else f"{what} in {warm_s:.1f} secs", file=sys.stderr)
         self.rng = torch.Generator(device=device)
         self.rng.manual_seed(args.seed if args.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)

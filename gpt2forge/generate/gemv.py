@@ -6,7 +6,8 @@ its time is the time to read the weights (bf16 weights: half the bytes). `gemv_l
 where BLAS reaches 12-17 GB/s, on the 2-core AVX2 development machine (benchmarks/generation_latency.py
 has the whole-token figures). `gemv_threads(n)` sets how many threads it uses, `gemv_streams(s)`
 how many read streams one row of x keeps in flight at batch 1 (4 or 8: the faster depends on the
-machine), `gemv_prefetch(hint)` which prefetch instruction asks for W ahead of its reads. Its
+machine), `gemv_prefetch(hint)` which prefetch instruction asks for W ahead of its reads and
+`gemv_lanes(n)` whether its loops are AVX2's (8 lanes) or AVX-512's (16). Its
 reference is F.linear: the fallback whenever the kernel does not apply (library not built, not CPU
 fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
 tests/ops/test_custom_ops.py.
@@ -23,6 +24,7 @@ import contextlib
 import copy
 import functools
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -70,12 +72,52 @@ gpt2forge.generate.generator measures both."""
 _PREFETCH_CODES = {"nta": 0, "t2": 1}  # gpt2forge::gemv_set_prefetch's argument
 
 
+@functools.cache
+def lane_choices() -> tuple[int, ...]:
+    """The vector lanes the kernel's loops can take here: 8 (AVX2), and 16 (AVX-512) where the CPU
+    has it. With several rows of x the loops are bound by their instructions, not by memory, and
+    wider ones may be faster (gpt2forge.generate.generator measures); results differ in the last bits
+    between the two (each reduces a row in its own order)."""
+    return (8, 16) if torch.backends.cpu.get_cpu_capability() == "AVX512" and kernel_available() else (8,)
+
+
+def gemv_lanes(n: int) -> contextlib.AbstractContextManager:
+    """The kernel's loops take n (one of lane_choices()) lanes inside the block, restored after;
+    nothing to set when the kernel is not available."""
+    if n not in (8, 16):
+        raise ValueError(f"gemv lanes must be 8 or 16, got {n}")
+    return _kernel_setting("gemv_set_lanes", n)
+
+
 def gemv_prefetch(hint: str) -> contextlib.AbstractContextManager:
     """The kernel prefetches W with `hint` (one of PREFETCH_CHOICES) inside the block, restored after;
     nothing to set when the kernel is not available."""
     if hint not in PREFETCH_CHOICES:
         raise ValueError(f"gemv prefetch must be one of {PREFETCH_CHOICES}, got {hint!r}")
     return _kernel_setting("gemv_set_prefetch", _PREFETCH_CODES[hint])
+
+
+class KernelSettings(NamedTuple):
+    """How the kernel runs a decode step's matmuls (gpt2forge.generate.generator measures the fastest)."""
+
+    threads: int
+    """Threads sharing a matmul (0: torch's intra-op count)."""
+    streams: int = STREAM_CHOICES[0]
+    """Read streams one row of x keeps in flight (batch 1 only)."""
+    prefetch: str = PREFETCH_CHOICES[0]
+    """The prefetch instruction that asks for W ahead of its reads."""
+    lanes: int = 8
+    """The loops' vector lanes: 8 (AVX2) or 16 (AVX-512, lane_choices())."""
+
+
+def kernel_settings(settings: KernelSettings) -> contextlib.AbstractContextManager:
+    """All four of `settings` inside the block, restored after (nothing to set without the kernel)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(gemv_threads(settings.threads))
+    stack.enter_context(gemv_streams(settings.streams))
+    stack.enter_context(gemv_prefetch(settings.prefetch))
+    stack.enter_context(gemv_lanes(settings.lanes))
+    return stack
 
 
 @contextlib.contextmanager

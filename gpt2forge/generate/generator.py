@@ -26,10 +26,10 @@ from gpt2forge.generate.fused_step import FusedDecodeStep
 from gpt2forge.generate.gemv import (
     PREFETCH_CHOICES,
     STREAM_CHOICES,
-    gemv_prefetch,
-    gemv_streams,
-    gemv_threads,
+    KernelSettings,
     kernel_available,
+    kernel_settings,
+    lane_choices,
 )
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
@@ -116,9 +116,8 @@ class Generator:
         self.device = next(model.parameters()).device
         self.vocab_size = model.config.vocab_size
         self.step = self.lm
-        self.threads = torch.get_num_threads()  # prefill's, and the decode matmuls'; warm_up may lower it
-        self.streams = STREAM_CHOICES[0]  # the decode matmuls' read streams (CPU); warm_up measures
-        self.prefetch = PREFETCH_CHOICES[0]  # and how they prefetch their weights (CPU); warm_up measures
+        self.threads = torch.get_num_threads()  # prefill's
+        self.kernel = KernelSettings(self.threads)  # the decode matmuls' (CPU); warm_up measures the fastest
         self._direct_steps: dict[tuple, DirectStep] = {}  # CPU: input signature -> its graph (_decode_step)
         self._pending: tuple[torch.Tensor, ...] | None = None  # the inputs of the step being compiled
         self._last_graph: DirectStep | None = None  # the graph that ran the latest compiled step
@@ -161,11 +160,11 @@ class Generator:
 
     @torch.no_grad()
     def warm_up(self, steps: int = 3) -> float:
-        """Pick the generation's thread and read-stream counts and prefetch hint, then run the decode
-        step `steps` times on dummy inputs (compilation, CUDA graph capture, allocator warm-up) so
-        that later timings exclude them. Returns the seconds it took."""
+        """Pick the decode matmuls' settings (`kernel`), then run the decode step `steps` times on
+        dummy inputs (compilation, CUDA graph capture, allocator warm-up) so that later timings
+        exclude them. Returns the seconds it took."""
         t0 = synchronize(self.device)
-        self.threads, self.streams, self.prefetch = self._probe_settings()
+        self.kernel = self._probe_settings()
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device)
         pad = torch.zeros(self.batch_size, dtype=torch.long, device=self.device)
         with self._decoding():
@@ -173,11 +172,9 @@ class Generator:
                 self._decode_step(ids, torch.tensor([s], device=self.device), pad)
         return synchronize(self.device) - t0
 
-    def _decoding(self, threads: int | None = None, streams: int | None = None,
-                  prefetch: str | None = None) -> contextlib.AbstractContextManager:
+    def _decoding(self, kernel: KernelSettings | None = None) -> contextlib.AbstractContextManager:
         """The thread settings of a decode step: on CPU, torch's own ops on 1 thread and the
-        matmuls (gpt2forge.generate.gemv) on `threads` (default self.threads), reading `streams`
-        (default self.streams) streams at once with the `prefetch` hint (default self.prefetch).
+        matmuls (gpt2forge.generate.gemv) with `kernel`'s settings (default self.kernel).
 
         The step's attention, LayerNorm and GELU kernels are small: a second thread saves little
         and every OpenMP region waits for its slowest thread, which on a shared machine may be
@@ -190,39 +187,40 @@ class Generator:
             return num_threads(self.threads)
         stack = contextlib.ExitStack()
         stack.enter_context(num_threads(1))
-        stack.enter_context(gemv_threads(self.threads if threads is None else threads))
-        stack.enter_context(gemv_streams(self.streams if streams is None else streams))
-        stack.enter_context(gemv_prefetch(self.prefetch if prefetch is None else prefetch))
+        stack.enter_context(kernel_settings(self.kernel if kernel is None else kernel))
         return stack
 
-    def _probe_settings(self) -> tuple[int, int, str]:
-        """The fastest (matmul threads, read streams, prefetch hint) for a decode step (the fused one
-        where there is one, else eager), on CPU: 1 or all of torch's threads, each of
-        gpt2forge.generate.gemv.STREAM_CHOICES and each of its PREFETCH_CHOICES.
+    def _probe_settings(self) -> KernelSettings:
+        """The fastest kernel settings for a decode step (the fused one where there is one, else
+        eager), on CPU: 1 or all of torch's threads, each of gpt2forge.generate.gemv's PREFETCH_CHOICES,
+        at batch 1 each of its STREAM_CHOICES, and above it each of its lane_choices().
 
         A decode step reads every weight once: one core reads memory nearly as fast as two, and
         when other processes share the cores a second thread may not run at all; and how many
         read streams a core should keep in flight depends on the memory system (8 were faster on
         the 2-core AVX2 machine, 4 on the 2-core AVX-512 EPYC: custom_ops/gemv.cpp), and so does the
         prefetch instruction (non-temporal prefetches cut a Xeon core's read to a third, where an
-        EPYC kept its caches with them). Measured here rather than assumed, alternating the settings
+        EPYC kept its caches with them). Several rows of x make the loops bound by their instructions,
+        where AVX-512's may beat AVX2's. Measured here rather than assumed, alternating the settings
         so that a burst of load hits them all.
         """
-        n = torch.get_num_threads()
-        # The stream count matters at batch 1 only (one row of x), and only on the kernel.
-        choices = STREAM_CHOICES if self.batch_size == 1 and kernel_available() else (self.streams,)
-        hints = PREFETCH_CHOICES if kernel_available() else (self.prefetch,)
-        settings = [(threads, streams, hint) for threads in sorted({n, 1}, reverse=True) for streams in choices
-                    for hint in hints]
+        n, default = torch.get_num_threads(), self.kernel
+        kernel = kernel_available()
+        # The stream count matters at batch 1 only (one row of x), the lanes above it, both only on the kernel.
+        streams = STREAM_CHOICES if self.batch_size == 1 and kernel else (default.streams,)
+        lanes = lane_choices() if self.batch_size > 1 and kernel else (default.lanes,)
+        hints = PREFETCH_CHOICES if kernel else (default.prefetch,)
+        settings = [KernelSettings(threads, s, hint, width) for threads in sorted({n, 1}, reverse=True)
+                    for s in streams for hint in hints for width in lanes]
         if self.device.type != "cpu" or len(settings) == 1:
-            return n, self.streams, self.prefetch
+            return default._replace(threads=n)
         ids = torch.zeros(self.batch_size, 1, dtype=torch.long)
         pad = torch.zeros(self.batch_size, dtype=torch.long)
         slot = torch.zeros(1, dtype=torch.long)
         step = self.fused or self.lm
         best = {}
         for setting in settings * 2:
-            with self._decoding(*setting):
+            with self._decoding(setting):
                 for _ in range(3):
                     t0 = time.perf_counter()
                     step(ids, slot, pad)

@@ -134,51 +134,69 @@ def test_compiled_decode_step_generates_what_the_eager_one_does_call_after_call(
 
 def test_decode_steps_run_torch_on_one_thread_and_the_matmuls_on_the_generators_settings(monkeypatch):
     from gpt2forge.generate import generator as generator_module
-    set_to, streams_set, prefetch_set = [], [], []
-    monkeypatch.setattr(generator_module, "gemv_threads", lambda n: set_to.append(n) or contextlib.nullcontext())
-    monkeypatch.setattr(generator_module, "gemv_streams", lambda n: streams_set.append(n) or contextlib.nullcontext())
-    monkeypatch.setattr(generator_module, "gemv_prefetch", lambda h: prefetch_set.append(h) or contextlib.nullcontext())
+    from gpt2forge.generate.gemv import KernelSettings
+    set_to = []
+    monkeypatch.setattr(generator_module, "kernel_settings", lambda k: set_to.append(k) or contextlib.nullcontext())
     gen = Generator(make_model(tiny()), 1, 20)
-    gen.threads, gen.streams, gen.prefetch = 3, 8, "nta"
+    gen.kernel = KernelSettings(3, 8, "nta", 16)
     before = torch.get_num_threads()
     with gen._decoding():
-        assert torch.get_num_threads() == 1 and set_to == [3] and streams_set == [8] and prefetch_set == ["nta"]
-    with gen._decoding(2, 4, "t2"):
-        assert set_to == [3, 2] and streams_set == [8, 4] and prefetch_set == ["nta", "t2"]
+        assert torch.get_num_threads() == 1 and set_to == [(3, 8, "nta", 16)]
+    with gen._decoding(KernelSettings(2, 4, "t2", 8)):
+        assert set_to == [(3, 8, "nta", 16), (2, 4, "t2", 8)]
     assert torch.get_num_threads() == before
 
 
-def test_the_probe_picks_the_fastest_threads_streams_and_prefetch(monkeypatch):
-    # Every (threads, streams, prefetch) setting is timed, alternating, and the fastest kept; at batch 1
-    # both stream counts are tried, at batch 2 only the default (the kernel streams one row of x only);
-    # without the kernel only the thread count is probed.
+def test_kernel_settings_set_all_four_and_restore_them():
+    from gpt2forge.generate.gemv import KernelSettings, kernel_available, kernel_settings, lane_choices
+    if not kernel_available():
+        pytest.skip("custom ops library not built")
+    ops = torch.ops.gpt2forge
+    wide = lane_choices()[-1]
+    with kernel_settings(KernelSettings(1, 8, "nta", wide)):
+        # each setter returns the setting it replaces: the block's; then put it back
+        assert [ops.gemv_set_threads(1), ops.gemv_set_streams(8), ops.gemv_set_prefetch(0),
+                ops.gemv_set_lanes(wide)] == [1, 8, 0, wide]
+    assert [ops.gemv_set_threads(0), ops.gemv_set_streams(4), ops.gemv_set_prefetch(1), ops.gemv_set_lanes(8)] == \
+        [0, 4, 1, 8]  # the defaults again
+
+
+def test_the_probe_picks_the_fastest_kernel_settings(monkeypatch):
+    # Every setting is timed, alternating, and the fastest kept: at batch 1 both stream counts and
+    # both prefetch hints, at batch 2 the prefetch hints and the lanes (the streams serve one row of
+    # x only, the lanes matter with several); without the kernel only the thread count is probed.
     from types import SimpleNamespace
 
     from gpt2forge.generate import generator as generator_module
-    step_s = {(2, 4, "t2"): 3.0, (2, 8, "t2"): 2.5, (1, 4, "t2"): 5.0, (1, 8, "t2"): 4.0,
-              (2, 4, "nta"): 2.8, (2, 8, "nta"): 2.0, (1, 4, "nta"): 6.0, (1, 8, "nta"): 7.0}
+    from gpt2forge.generate.gemv import KernelSettings
+    b1 = {(2, 4, "t2", 8): 3.0, (2, 8, "t2", 8): 2.5, (1, 4, "t2", 8): 5.0, (1, 8, "t2", 8): 4.0,
+          (2, 4, "nta", 8): 2.8, (2, 8, "nta", 8): 2.0, (1, 4, "nta", 8): 6.0, (1, 8, "nta", 8): 7.0}
+    b2 = {(2, 4, "t2", 8): 3.0, (2, 4, "t2", 16): 2.0, (1, 4, "t2", 8): 5.0, (1, 4, "t2", 16): 4.0,
+          (2, 4, "nta", 8): 3.5, (2, 4, "nta", 16): 2.5, (1, 4, "nta", 8): 6.0, (1, 4, "nta", 16): 7.0}
 
     class FakeStep:  # a decode step whose duration depends on the settings it runs under
-        def __init__(self, batch_size: int):
-            self.batch_size, self.setting, self.clock, self.seen = batch_size, None, 0.0, []
+        def __init__(self, batch_size: int, times: dict):
+            self.batch_size, self.times, self.setting, self.clock, self.seen = batch_size, times, None, 0.0, []
 
         def __call__(self, *inputs):
             self.seen.append(self.setting)
-            self.clock += step_s[self.setting]
+            self.clock += self.times[self.setting]
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    for batch, kernel, want, tried in (
-            (1, True, (2, 8, "nta"), set(step_s)),
-            (2, True, (2, 4, "nta"), {(t, 4, h) for t in (1, 2) for h in ("t2", "nta")}),
-            (1, False, (2, 4, "t2"), {(2, 4, "t2"), (1, 4, "t2")})):
+    monkeypatch.setattr(generator_module, "lane_choices", lambda: (8, 16))
+    for batch, kernel, times, want, tried in (
+            (1, True, b1, (2, 8, "nta", 8), set(b1)),
+            (2, True, b2, (2, 4, "t2", 16), set(b2)),
+            (1, False, b1, (2, 4, "t2", 8), {(2, 4, "t2", 8), (1, 4, "t2", 8)})):
         monkeypatch.setattr(generator_module, "kernel_available", lambda kernel=kernel: kernel)
         gen = Generator(make_model(tiny()), batch, 20)
-        step = FakeStep(batch)
+        step = FakeStep(batch, times)
         monkeypatch.setattr(gen, "lm", step)
         monkeypatch.setattr(generator_module, "time", SimpleNamespace(perf_counter=lambda step=step: step.clock))
-        monkeypatch.setattr(gen, "_decoding", lambda threads, streams, prefetch, step=step: (
-            setattr(step, "setting", (threads, streams, prefetch)) or contextlib.nullcontext()))
-        assert gen._probe_settings() == want
+        monkeypatch.setattr(gen, "_decoding", lambda k, step=step: (
+            setattr(step, "setting", tuple(k)) or contextlib.nullcontext()))
+        got = gen._probe_settings()
+        assert isinstance(got, KernelSettings) and tuple(got) == want
         assert set(step.seen) == tried
 
 

@@ -361,15 +361,28 @@ def test_gemv_linear_results_do_not_depend_on_threads_streams_or_prefetch(ops, d
 @pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
                     reason="the same bits alone and in a batch is a property of the AVX2 loops")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemv_linear_gives_a_row_the_same_bits_alone_and_in_a_batch(ops, dtype: torch.dtype):
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_gemv_linear_gives_a_row_the_same_bits_alone_and_in_a_batch(ops, dtype: torch.dtype, lanes: int):
     # Batches of 2-16 rows go 8, 4 and 1 rows at a time through x packed per group; every row's
-    # sum is the one the batch-1 streams take (K = 771 leaves a tail after the packed steps).
+    # sum is the one the batch-1 streams take (K = 771 leaves a tail after the packed steps), with
+    # AVX2's 8 lanes and with AVX-512's 16 alike (each in its own order). The 16-lane loops also
+    # agree with F.linear.
+    from gpt2forge.generate.gemv import lane_choices
+    if lanes not in lane_choices():
+        pytest.skip("16 lanes need AVX-512")
     g = torch.Generator().manual_seed(3)
     x, W = torch.randn(16, 771, generator=g).to(dtype), torch.randn(300, 771, generator=g).to(dtype)
     b = torch.randn(300, generator=g).to(dtype)
-    alone = torch.cat([ops.gemv_linear(x[i:i + 1], W, b) for i in range(16)])
-    for M in (2, 5, 8, 13, 16):
-        assert torch.equal(ops.gemv_linear(x[:M], W, b), alone[:M]), f"{M} rows"
+    before = ops.gemv_set_lanes(lanes)
+    try:
+        alone = torch.cat([ops.gemv_linear(x[i:i + 1], W, b) for i in range(16)])
+        for M in (2, 5, 8, 13, 16):
+            assert torch.equal(ops.gemv_linear(x[:M], W, b), alone[:M]), f"{M} rows"
+    finally:
+        ops.gemv_set_lanes(before)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    want = torch.nn.functional.linear(x.float(), W.float(), b.float())
+    torch.testing.assert_close(alone.float(), want, rtol=tol, atol=tol * 4)
 
 
 @pytest.mark.slow
@@ -389,6 +402,27 @@ def test_gemv_set_streams_returns_the_previous_count_and_takes_only_4_or_8(ops):
             gemv_streams(5)
     finally:
         ops.gemv_set_streams(before)
+
+
+def test_gemv_set_lanes_takes_8_and_16_where_the_cpu_has_avx512(ops):
+    from gpt2forge.generate.gemv import gemv_lanes, lane_choices
+    before = ops.gemv_set_lanes(8)
+    try:
+        for wrong in (0, 4, 32):
+            with pytest.raises(RuntimeError, match="expected 8 \\(AVX2\\) or 16 \\(AVX-512\\) lanes"):
+                ops.gemv_set_lanes(wrong)
+        if 16 in lane_choices():
+            assert ops.gemv_set_lanes(16) == 8
+            with gemv_lanes(8):
+                assert ops.gemv_set_lanes(8) == 8
+            assert ops.gemv_set_lanes(16) == 16
+        else:
+            with pytest.raises(RuntimeError, match="16 lanes need"):
+                ops.gemv_set_lanes(16)
+        with pytest.raises(ValueError, match="8 or 16, got 12"):
+            gemv_lanes(12)
+    finally:
+        ops.gemv_set_lanes(before)
 
 
 def test_gemv_set_prefetch_returns_the_previous_hint_and_takes_only_nta_or_t2(ops):
