@@ -82,6 +82,11 @@ void dots_portable(const float* __restrict x, int64_t ldx, const W* __restrict w
 // (medians of 8 interleaved generations, 44-48 GB/s state, AVX-512 EPYC; 2 and 4 KiB gave 10.95
 // and 11.32 ms), and 12.10 against 12.76 ms in another run (faster in all 14 rounds, 36-45 GB/s).
 constexpr int64_t kAheadBytes = 1024;
+// The several-rows loops read one row of W at a time, each row one stream: asking 1 KiB ahead left
+// a core at 8-9 GB/s with 2 to 8 rows of x on the 2-core AMX Xeon (one row of x, with its 4-8 streams:
+// 16), and 4 KiB ahead (into the next rows) 10-12 (a 1 GiB W of 768-value rows, 2 threads: 2 rows of
+// x 18.2 -> 22.6-24.8 GB/s, 8 rows 16.3-17.1 -> 18.8-21.9; 2 and 6 KiB alike, 8 KiB less).
+constexpr int64_t kPackedAheadBytes = 4096;
 
 // Which prefetch instruction asks for W is a setting (gpt2forge::gemv_set_prefetch), because the best
 // one depends on the CPU by a factor of three:
@@ -143,10 +148,10 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
 // the MB rows at k .. k+8 (xp[k * MB + m * 8 + j] = x[m][k + j]), so each step reads one W vector
 // and MB x vectors from 32 * MB contiguous bytes; the K % 8 tail comes from x itself (rows ldx
 // apart). One accumulator per row and the same reduction as stream_dots_avx2: a row's sum does not
-// depend on how many rows of x share the call. As the streams do, it asks for W kAheadBytes
-// ahead: GPT-2 small's decode weights at 8 rows of x took 16.4-17.3 against 18.7-19.6 ms (6
-// interleaved passes); non-temporally, a whole batch-8 token took 19.23 against 19.35 ms (medians
-// of 6 interleaved rounds: no clear difference).
+// depend on how many rows of x share the call. As the streams do, it asks for W
+// ahead (kPackedAheadBytes): GPT-2 small's decode weights at 8 rows of x took 16.4-17.3 against
+// 18.7-19.6 ms with 1 KiB (6 interleaved passes, AVX-512 EPYC); non-temporally, a whole batch-8 token
+// took 19.23 against 19.35 ms (medians of 6 interleaved rounds: no clear difference).
 template <int MB, int P, typename W>
 __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restrict xp, const float* __restrict x,
                                                             int64_t ldx, const W* __restrict w, int64_t K,
@@ -154,7 +159,7 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
   __m256 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
   const int64_t K8 = K / 8 * 8;
-  constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W)), line = 64 / sizeof(W);
+  constexpr int64_t ahead = kPackedAheadBytes / static_cast<int64_t>(sizeof(W)), line = 64 / sizeof(W);
   for (int64_t k = 0; k < K8; k += 8) {
     if ((k & (line - 1)) == 0) prefetch_once<P>(w + k + ahead);
     const __m256 wv = load8(w + k);
@@ -206,7 +211,7 @@ __attribute__((target("avx512f,avx2,fma"))) void packed_dots_avx512(const float*
   __m512 acc[MB];
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   const int64_t K16 = K / 16 * 16;
-  constexpr int64_t ahead = kAheadBytes / static_cast<int64_t>(sizeof(W)), line = 64 / sizeof(W);
+  constexpr int64_t ahead = kPackedAheadBytes / static_cast<int64_t>(sizeof(W)), line = 64 / sizeof(W);
   for (int64_t k = 0; k < K16; k += 16) {
     if ((k & (line - 1)) == 0) prefetch_once<P>(w + k + ahead);
     const __m512 wv = load16(w + k);
