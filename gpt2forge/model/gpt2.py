@@ -27,8 +27,19 @@ from gpt2forge.model.documents import (
 from gpt2forge.model.dropout import causal_attention_dropout, dropout
 from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss
 
+_GELU_TANH_C = 2.0 * math.sqrt(2.0 / math.pi)
+
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """0.5 x (1 + tanh z), z = sqrt(2/pi) (x + 0.044715 x^3); compiled as the same function written
+    x * sigmoid(2z), which inductor's CPU kernels compute with an exp instead of a costlier tanh: on
+    the 2-core AMX Xeon a compiled forward + backward of GPT-2 small's 12 MLP activations (1024 x
+    3072) took 72-74 against 129-148 ms, and whole training steps 2.958 against 3.009 s (medians of
+    10 interleaved steps, faster in 9). Eager keeps ATen's one fused tanh kernel (the sigmoid form
+    would be several). The two agree to fp32 rounding; the sigmoid form is the more exact for
+    negative x, where 1 + tanh z cancels."""
+    if torch.compiler.is_compiling():
+        return x * torch.sigmoid(_GELU_TANH_C * (x + 0.044715 * x * x * x))
     return F.gelu(x, approximate="tanh")
 
 

@@ -285,3 +285,22 @@ def test_model_with_parts_removed_chains_to_the_whole_forward_and_loss():
         torch.testing.assert_close(last.transformer(hidden, last=4), final[:, -4:], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="without lm_head"):
         first(ids, labels)
+
+
+def test_compiled_gelu_new_is_the_tanh_gelu_and_its_gradient():
+    # Under torch.compile gelu_new is written x * sigmoid(2z) (an exp where inductor's tanh costs
+    # more); it must be the eager tanh form's function and gradient to fp32 rounding, tails included.
+    from gpt2forge.model.gpt2 import _ACTIVATIONS
+
+    gelu_new = _ACTIVATIONS["gelu_new"]
+    x = torch.cat([torch.linspace(-12, 12, 2001), torch.randn(4000) * 3]).requires_grad_()
+
+    def value_and_grad(fn):
+        y = fn(x)
+        (g,) = torch.autograd.grad(y.sum(), x)
+        return y.detach(), g
+
+    compiled = value_and_grad(torch.compile(gelu_new, fullgraph=True))
+    eager = value_and_grad(lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
