@@ -5,6 +5,7 @@ import inspect
 
 import pytest
 import torch
+from torch import nn
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.model.config import ModelConfig
@@ -89,3 +90,39 @@ def test_single_process_matches_the_model():
         scored = strategy.evaluate_batch(*pairs[0])
         torch.testing.assert_close(scored[0], reference(*pairs[0]).loss_sum)
     assert strategy.whole_model() is model and strategy.evaluation_env() == DistEnv()
+
+
+@pytest.mark.parametrize("max_norm", [None, 1e3, 0.5])
+def test_host_clipping_is_torchs_rule_with_a_float64_norm(monkeypatch, max_norm):
+    # clip_host_grads: the norm from BLAS dots of chunks summed in float64 (chunks of 100 values here,
+    # so tensors cross chunk boundaries), the gradients scaled by min(max_norm / (norm + 1e-6), 1)
+    # as torch.nn.utils.clip_grad_norm_ does; within the bound they are left as they are.
+    import gpt2forge.parallel.data_parallel as dp
+    monkeypatch.setattr(dp, "HOST_NORM_CHUNK", 100)
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(shape, generator=gen) for shape in ((37, 11), (250,), (3, 4, 5))]
+    theirs = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(theirs, grads):
+        p.grad = g.clone()
+    want = torch.nn.utils.clip_grad_norm_(theirs, max_norm if max_norm is not None else float("inf"))
+    exact = sum(float((g.double() ** 2).sum()) for g in grads) ** 0.5
+    before = [g.clone() for g in grads]
+    got = dp.clip_host_grads(grads, max_norm)
+    assert got == pytest.approx(exact, rel=1e-6) and got == pytest.approx(float(want), rel=1e-5)
+    for g, p, b in zip(grads, theirs, before):
+        torch.testing.assert_close(g, p.grad)
+        if max_norm != 0.5:
+            assert torch.equal(g, b)  # within the bound: untouched, bit for bit
+
+
+def test_host_clipping_of_non_finite_gradients_follows_torch():
+    import gpt2forge.parallel.data_parallel as dp
+    for bad in (float("inf"), float("nan")):
+        grads = [torch.ones(4), torch.tensor([1.0, bad])]
+        theirs = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(theirs, grads):
+            p.grad = g.clone()
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        dp.clip_host_grads(grads, 1.0)
+        for g, p in zip(grads, theirs):
+            torch.testing.assert_close(g, p.grad, equal_nan=True)
