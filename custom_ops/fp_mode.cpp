@@ -13,8 +13,9 @@
 // only, and a thread inherits them only when it is created, so once torch's OpenMP threads exist
 // they keep theirs: here one task per intra-op thread sets each (at::parallel_for over as many
 // indices as threads gives each thread one). Returns how many threads were set, the caller's
-// included; 0 where the CPU is not x86 (nothing to set). The reference is torch.set_flush_denormal
-// on the calling thread (gpt2forge.ops.fp_mode falls back to it without this library).
+// included; 0 where the CPU is not x86 (nothing to set). gpt2forge::denormals_flushed tells whether the
+// calling thread has both modes on. The reference is torch.set_flush_denormal on the calling thread
+// (gpt2forge.ops.fp_mode falls back to it without this library).
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -34,11 +35,18 @@ namespace {
 #ifdef GPT2FORGE_MXCSR
 constexpr unsigned kFlushToZero = 1u << 15, kDenormalsAreZero = 1u << 6;
 
-void set_this_thread(bool on) {
-  const unsigned bits = kFlushToZero | kDenormalsAreZero;
-  _mm_setcsr(on ? (_mm_getcsr() | bits) : (_mm_getcsr() & ~bits));
-}
+constexpr unsigned kBoth = kFlushToZero | kDenormalsAreZero;
+
+void set_this_thread(bool on) { _mm_setcsr(on ? (_mm_getcsr() | kBoth) : (_mm_getcsr() & ~kBoth)); }
 #endif
+
+bool denormals_flushed() {
+#ifdef GPT2FORGE_MXCSR
+  return (_mm_getcsr() & kBoth) == kBoth;
+#else
+  return false;
+#endif
+}
 
 int64_t flush_denormals(bool on) {
 #ifdef GPT2FORGE_MXCSR
@@ -66,4 +74,5 @@ int64_t flush_denormals(bool on) {
 TORCH_LIBRARY_FRAGMENT(gpt2forge, m) {
   // No tensors: one kernel for every backend.
   m.def("flush_denormals(bool on) -> int", &gpt2forge::flush_denormals);
+  m.def("denormals_flushed() -> bool", &gpt2forge::denormals_flushed);
 }

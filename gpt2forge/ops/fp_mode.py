@@ -7,9 +7,14 @@ took 36-42 s instead of 3 on the 2-core AMX Xeon when its LM head's gradient car
 TensorFlow's CPU runtime does; values that small then read and come out as zero.
 
     threads = flush_denormals()       # the calling thread and torch's intra-op threads; 0: not x86
+    with denormals_flushed(device):   # on the CPU inside the block, the calling thread's mode restored after
+        ...
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -24,3 +29,19 @@ def flush_denormals(on: bool = True) -> int:
     if custom_ops.has_op("flush_denormals"):
         return torch.ops.gpt2forge.flush_denormals(on)
     return 1 if torch.set_flush_denormal(on) else 0
+
+
+@contextlib.contextmanager
+def denormals_flushed(device: torch.device) -> Iterator[None]:
+    """Denormals flushed to zero on every CPU thread inside the block (nothing to do for another
+    device); after it, every thread back to the mode the calling thread had (off, when the library
+    that could tell is not built), so an in-process caller (a test, a notebook) keeps its own."""
+    if device.type != "cpu":
+        yield
+        return
+    before = custom_ops.has_op("denormals_flushed") and torch.ops.gpt2forge.denormals_flushed()
+    flush_denormals(True)
+    try:
+        yield
+    finally:
+        flush_denormals(before)

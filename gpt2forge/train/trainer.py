@@ -32,7 +32,7 @@ from gpt2forge.core.runtime import (
 from gpt2forge.data import DataRequest, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.ops.fp_mode import flush_denormals
+from gpt2forge.ops.fp_mode import denormals_flushed
 from gpt2forge.parallel.distributed import (
     DistEnv,
     check_world,
@@ -177,7 +177,6 @@ def run_training(cfg: TrainConfig) -> int:
         torch.cuda.set_device(device)  # the current device is the run's (synchronize, streams, compile)
     if device.type == "cpu":
         configure_host_allocator()
-        flush_denormals()  # a denormal softmax once made an Intel CPU's steps 12x slower (gpt2forge.ops.fp_mode)
     precision = resolve_precision(cfg.runtime.precision, device)
     if cfg.runtime.plan:
         model_cfg, _ = resolve_model_config(cfg)
@@ -198,7 +197,9 @@ def run_training(cfg: TrainConfig) -> int:
     accumulation = report_layout(layout, cfg.parallel, cfg.data.async_dataloader)
     init_process_group(env, device)
     try:
-        with exit_signals(cfg.checkpoint.exit_signal_handler):  # SIGTERM/SIGUSR1: save and stop after a step
+        # SIGTERM/SIGUSR1: save and stop after a step. On the CPU, denormals flushed to zero: a denormal
+        # softmax once made an Intel CPU's steps 12x slower (gpt2forge.ops.fp_mode).
+        with exit_signals(cfg.checkpoint.exit_signal_handler), denormals_flushed(device):
             return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation, zero)
     except ExitRequested as stopped:
         log.info(str(stopped))

@@ -444,18 +444,23 @@ def test_gemv_set_prefetch_returns_the_previous_hint_and_takes_only_nta_or_t2(op
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the flush modes are x86's (MXCSR)")
 def test_flush_denormals_sets_every_intra_op_thread_and_undoes(ops):
-    from gpt2forge.ops.fp_mode import flush_denormals
+    from gpt2forge.ops.fp_mode import denormals_flushed, flush_denormals
     tiny = torch.full((1 << 20,), 1e-30)  # times 1e-10: 1e-40, a denormal; one parallel multiply on 2 threads
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
+    before = ops.denormals_flushed()
     try:
-        assert torch.count_nonzero(tiny * 1e-10) == tiny.numel()
-        assert flush_denormals() == 2  # the caller and the other intra-op thread
+        assert flush_denormals(False) == 2  # the caller and the other intra-op thread
+        assert not ops.denormals_flushed() and torch.count_nonzero(tiny * 1e-10) == tiny.numel()
+        assert flush_denormals() == 2
+        assert ops.denormals_flushed()
         assert torch.count_nonzero(tiny * 1e-10) == 0  # every chunk of the multiply, whichever thread ran it
-        assert flush_denormals(False) == 2
-        assert torch.count_nonzero(tiny * 1e-10) == tiny.numel()
-    finally:
         flush_denormals(False)
+        with denormals_flushed(torch.device("cpu")):  # the trainer's block: on inside, the caller's mode after
+            assert torch.count_nonzero(tiny * 1e-10) == 0
+        assert not ops.denormals_flushed() and torch.count_nonzero(tiny * 1e-10) == tiny.numel()
+    finally:
+        flush_denormals(before)
         torch.set_num_threads(threads)
 
 
