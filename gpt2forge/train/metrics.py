@@ -59,26 +59,40 @@ def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
     return 2.0 * n**3 / best
 
 
-def cpu_peak(precision: str) -> float:
-    """Measured once per (CPU, thread count, precision) and cached; fp32 re-measured each run, best kept."""
-    key = f"{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{precision}|{torch.__version__}"
-    path = _cache_file()
+def _cpu_peak_key(precision: str) -> str:
+    return f"{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{precision}|{torch.__version__}"
+
+
+def _read_cache() -> dict:
     try:
-        cache = json.loads(path.read_text())
+        cache = json.loads(_cache_file().read_text())
     except (OSError, ValueError):
-        cache = {}
-    # fp32 is cheap to re-measure: keep the best seen, so one measurement taken while the machine
-    # was busy does not inflate every later MFU.
-    if key not in cache or precision == "fp32":
-        best = max(cache.get(key, 0.0), measure_cpu_peak(precision))
-        if best == cache.get(key):
-            return best
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def remember_cpu_peak(precision: str, flops: float) -> float:
+    """Merge a measured peak into the per-machine cache; returns the best this machine has shown."""
+    key = _cpu_peak_key(precision)
+    cache = _read_cache()
+    best = max(float(cache.get(key, 0.0)), flops)
+    if best != cache.get(key):
         cache[key] = best
         try:
-            write_atomic(path, json.dumps(cache, indent=1))
+            write_atomic(_cache_file(), json.dumps(cache, indent=1))
         except OSError:
             pass  # a read-only home only costs a re-measurement next time
-    return cache[key]
+    return best
+
+
+def cpu_peak(precision: str) -> float:
+    """Measured once per (CPU, thread count, precision) and cached; fp32 re-measured each run, best kept."""
+    cached = _read_cache().get(_cpu_peak_key(precision))
+    # fp32 is cheap to re-measure: keep the best seen, so one measurement taken while the machine
+    # was busy does not inflate every later MFU.
+    if cached is None or precision == "fp32":
+        return remember_cpu_peak(precision, measure_cpu_peak(precision))
+    return float(cached)
 
 
 def device_peak(device: torch.device, precision: str) -> float | None:

@@ -49,6 +49,18 @@ def test_step_profile_prints_the_breakdown():
         assert line in out
 
 
+def test_train_throughput_reads_the_peak_in_the_run(tmp_path):
+    out = run(["benchmarks/train_throughput.py", "--model", "gpt2-test", "--batch-size", "1", "--seq-len", "16",
+               "--steps", "2", "--warmup", "1", "--precisions", "fp32", "--json", str(tmp_path / "r.json")])
+    assert "ratio" in out and "MFU of the peak measured in this run" in out
+    assert "against the best peak this machine has shown" in out
+    (s,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert len(s["peak_reads_flops"]) == 3  # before the warm-up and after each of the 2 rounds
+    assert s["device_peak_flops"] == max(s["peak_reads_flops"]) <= s["best_peak_flops"]
+    ours = s["impls"]["ours"]
+    assert ours["mfu"] >= ours["mfu_best_peak"] > 0
+
+
 def test_generation_latency_prints_the_floor_ratio():
     out = run(["benchmarks/generation_latency.py", "--model", "gpt2-test", "--quick", "--no-compile",
                "--prompt-len", "8", "--new-tokens", "4", "--hf-threads", "ours"])
