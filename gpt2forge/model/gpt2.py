@@ -59,7 +59,7 @@ def _gelu_new(x: torch.Tensor) -> torch.Tensor:
     sigmoid form would be several). The forms agree to fp32 rounding; the sigmoid form is the more
     exact for negative x, where 1 + tanh z cancels."""
     if torch.compiler.is_compiling():
-        if x.device.type == "cpu":
+        if x.device.type == "cpu" and x.requires_grad and torch.is_grad_enabled():  # training: keep the slope
             return _GeluNewKeepsSlope.apply(x)
         return x * torch.sigmoid(_GELU_TANH_C * (x + 0.044715 * x * x * x))
     return F.gelu(x, approximate="tanh")
