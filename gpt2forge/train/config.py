@@ -339,6 +339,10 @@ class RuntimeArgs:
     torch_compile: str = opt("auto", "(new) torch.compile the model: auto (on CUDA) | true | false",
                              choices=("auto", "true", "false"))
     """Whether to torch.compile the model."""
+    deterministic: str = opt("auto", "(new) deterministic algorithms, so a run repeats bit for bit, compiled too: "
+                             "auto (on the CPU, where it costs nothing measurable) | true | false (Megatron's "
+                             "--deterministic-mode)", choices=("auto", "true", "false"))
+    """torch.use_deterministic_algorithms for the run (runtime.deterministic_algorithms)."""
     executable_cache_dir: str | None = opt(None, "torch.compile cache directory (the IPU executable cache)")
     """torch.compile cache directory; None: the default."""
     custom_ops: bool = opt(True, "load the C++ custom ops library built by `make` when present", kind="bool")

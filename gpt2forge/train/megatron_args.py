@@ -190,6 +190,8 @@ FLAGS: tuple[Flag, ...] = (
     M(("--checkpoint-num-layers", "--recompute-num-layers"), "training", accept,
       "blocks per recomputed chunk (every block is its own chunk here)", int),
     M(("--recompute-method",), "training", accept, "uniform | block (every block is recomputed here)"),
+    M(("--deterministic-mode",), "training", switch_to("deterministic", "true"),
+      "deterministic algorithms: a run repeats bit for bit (on the CPU by default here)", None),
     M(("--exit-signal-handler",), "training", switch_to("exit_signal_handler"),
       "save and exit on SIGTERM (on by default here)", None),
     M(("--exit-interval", "--exit-duration-in-mins"), "training",

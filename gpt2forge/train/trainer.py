@@ -24,6 +24,7 @@ from gpt2forge.core.runtime import (
     autocast_dtype,
     configure_host_allocator,
     configure_matmul,
+    deterministic_algorithms,
     loader_workers,
     resolve_device,
     resolve_precision,
@@ -199,7 +200,8 @@ def run_training(cfg: TrainConfig) -> int:
     try:
         # SIGTERM/SIGUSR1: save and stop after a step. On the CPU, denormals flushed to zero: a denormal
         # softmax once made an Intel CPU's steps 12x slower (gpt2forge.ops.fp_mode).
-        with exit_signals(cfg.checkpoint.exit_signal_handler), denormals_flushed(device):
+        with (exit_signals(cfg.checkpoint.exit_signal_handler), denormals_flushed(device),
+              deterministic_algorithms(cfg.runtime.deterministic, device)):
             return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation, zero)
     except ExitRequested as stopped:
         log.info(str(stopped))

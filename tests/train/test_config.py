@@ -38,7 +38,7 @@ FLAT_NAMES = {
     "eval_iters", "initial_loss_scale", "loss_scale_window", "min_loss_scale", "loss_scale_hysteresis",
     "tensor_model_parallel_size", "sequence_parallel",
     "kfac", "kfac_factor_update_steps", "kfac_inv_update_steps", "kfac_damping", "kfac_factor_decay",
-    "kfac_kl_clip", "kfac_skip_layers", "kfac_compute_method",
+    "kfac_kl_clip", "kfac_skip_layers", "kfac_compute_method", "deterministic",
 }
 
 

@@ -109,6 +109,30 @@ def test_same_seed_is_bit_reproducible(tiny_config, tmp_path, capsys):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_same_seed_is_bit_reproducible_compiled(tiny_config, tmp_path, capsys):
+    # Inductor's CPU scatter-add (the tied embedding's gradient) adds with atomics in thread order;
+    # --deterministic auto (on for the CPU) makes it call ATen's ordered kernel instead.
+    assert not torch.are_deterministic_algorithms_enabled()
+    for name in ("a", "b"):
+        args = base_args(tiny_config, tmp_path / name, "--epochs", "1", "--torch-compile", "true")
+        assert train_main(args) == 0
+        assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
+    capsys.readouterr()
+    a = load_file(tmp_path / "a" / "epoch_1" / "model.safetensors")
+    b = load_file(tmp_path / "b" / "epoch_1" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_deterministic_mode_is_set_for_the_run_only():
+    from gpt2forge.core.runtime import deterministic_algorithms
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for mode, device, want in (("auto", cpu, True), ("false", cpu, False), ("auto", cuda, False)):
+        with deterministic_algorithms(mode, device) as on:
+            assert on == want == torch.are_deterministic_algorithms_enabled()
+        assert not torch.are_deterministic_algorithms_enabled()
+
+
 def test_pickle_training_evaluates_validation(tiny_config, tmp_path, capsys):
     docs = [[(i * 7 + j) % 96 for j in range(40 + i)] for i in range(30)]
     pkl = tmp_path / "docs.pkl"
