@@ -37,6 +37,7 @@ benchmarks, never by timed tests); missing it is reported, not an error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -110,11 +111,15 @@ def _model_config(name: str, seq_len: int):
     return cfg
 
 
+_WORKER_SETTINGS = contextlib.ExitStack()
+"""Process-wide settings a worker enters once and keeps until it exits."""
+
+
 def _build_ours(args, device, precision, cfg, model):
     """A `step.Run` around the compiled model; returns (step fn, info)."""
     import torch
 
-    from gpt2forge.core.runtime import LossScaler, configure_host_allocator
+    from gpt2forge.core.runtime import LossScaler, configure_host_allocator, deterministic_algorithms
     from gpt2forge.ops.fp_mode import flush_denormals
     from gpt2forge.parallel.data_parallel import DataParallel
     from gpt2forge.parallel.strategy import ParallelRequest
@@ -131,6 +136,8 @@ def _build_ours(args, device, precision, cfg, model):
     if device.type == "cpu":
         configure_host_allocator()  # as the trainer does (a no-op when MALLOC_MMAP_MAX_ is set)
         flush_denormals()  # as the trainer does
+    # --deterministic auto, as the trainer runs (on for the CPU; for this worker process's life).
+    _WORKER_SETTINGS.enter_context(deterministic_algorithms(tcfg.runtime.deterministic, device))
     optimizer = build_optimizer(model, tcfg.optim.optimizer, tcfg.optim.learning_rate, tcfg.optim.weight_decay,
                                 device_type=device.type)
     scheduler = build_lr_schedule(optimizer, tcfg.optim.lr_schedule, 1_000_000, 0)
