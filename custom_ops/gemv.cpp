@@ -225,6 +225,16 @@ __attribute__((target("avx512f,avx2,fma"))) void packed_dots_avx512(const float*
   }
 }
 
+// x packed by L (pack_rows) against one row of W: the 8-lane (AVX2) or the 16-lane (AVX-512) loop.
+template <int MB, int P, int L, typename W>
+void packed_dots(const float* xp, const float* x, int64_t ldx, const W* w, int64_t K, float* out) {
+  if constexpr (L == 16) {
+    packed_dots_avx512<MB, P>(xp, x, ldx, w, K, out);
+  } else {
+    packed_dots_avx2<MB, P>(xp, x, ldx, w, K, out);
+  }
+}
+
 #endif
 
 // One row of x against R rows of W at once (w[r] points at row r): R independent read streams
@@ -358,34 +368,18 @@ struct GemvJob {
       for (int i = 0; i < count; ++i) out_base[(m + i) * stride] = out[i];
     };
 #ifdef GPT2FORGE_AVX2
-    if (packed != nullptr && L == 16) {  // gemv_set_lanes took 16: the CPU has AVX-512
-      const int64_t K16 = K / 16 * 16;
+    if (packed != nullptr) {  // always with AVX2 (gemv_rows); L == 16 only with AVX-512 (gemv_set_lanes)
+      const int64_t KL = K / L * L;
       for (; m + 8 <= M; m += 8) {
-        packed_dots_avx512<8, P>(packed + m * K16, x + m * K, K, wn, K, out);
+        packed_dots<8, P, L>(packed + m * KL, x + m * K, K, wn, K, out);
         put(8);
       }
       for (; m + 4 <= M; m += 4) {
-        packed_dots_avx512<4, P>(packed + m * K16, x + m * K, K, wn, K, out);
+        packed_dots<4, P, L>(packed + m * KL, x + m * K, K, wn, K, out);
         put(4);
       }
       for (; m < M; ++m) {
-        packed_dots_avx512<1, P>(packed + m * K16, x + m * K, K, wn, K, out);
-        put(1);
-      }
-      return;
-    }
-    if (packed != nullptr) {  // always with AVX2 (gemv_rows)
-      const int64_t K8 = K / 8 * 8;
-      for (; m + 8 <= M; m += 8) {
-        packed_dots_avx2<8, P>(packed + m * K8, x + m * K, K, wn, K, out);
-        put(8);
-      }
-      for (; m + 4 <= M; m += 4) {
-        packed_dots_avx2<4, P>(packed + m * K8, x + m * K, K, wn, K, out);
-        put(4);
-      }
-      for (; m < M; ++m) {
-        packed_dots_avx2<1, P>(packed + m * K8, x + m * K, K, wn, K, out);
+        packed_dots<1, P, L>(packed + m * KL, x + m * K, K, wn, K, out);
         put(1);
       }
       return;
