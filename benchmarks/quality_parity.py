@@ -18,9 +18,9 @@ process started (imports, data loading and ours' torch.compile included), so wal
 whole runs. Seeds alternate the arms (ours, trainer, ours, ...) so drifting background load hits
 both. Prints per arm the held-out loss at each scored update (mean and spread over seeds), the
 final gap per seed, and per seed the wall time ours needs to reach that seed's Trainer final loss
-as a fraction of the Trainer's wall time (target 0.7). Waits up to `--wait-quiet` seconds for a 1-minute load below 0.5
-before the first run (later runs find the load of the run before them), and records each run's
-starting load.
+as a fraction of the Trainer's wall time (target 0.7), and the same for the means over seeds. Waits
+up to `--wait-quiet` seconds for a 1-minute load below 0.5 before the first run (later runs find the
+load of the run before them), and records each run's starting load.
 
     .venv/bin/python benchmarks/quality_parity.py                                  # 3 seeds, 300 updates
     .venv/bin/python benchmarks/quality_parity.py --arms ours --ours-flags "--adam-eps 1e-6" --label eps1e-6
@@ -242,7 +242,9 @@ def summarize(runs: list[dict], label: str) -> dict:
     for s in steps:
         cells = [summary["arms"][a]["loss"].get(s) for a in arms]
         print(f"{s:6d}  " + "  ".join(f"{c[0]:9.4f} +- {c[1]:.3f}" if c else f"{'':16s}" for c in cells))
-    print("wall s  " + "  ".join(f"{summary['arms'][a]['wall_s']:16.1f}" for a in arms))
+    print("wall s  " + "  ".join(f"{summary['arms'][a]['wall_s']:16.1f}" for a in arms)
+          + (f"  (ours {summary['arms']['ours']['wall_s'] / summary['arms']['trainer']['wall_s']:.2f}x)"
+             if {"ours", "trainer"} <= set(arms) else ""))
     if {"ours", "trainer"} <= set(arms):
         ours, trainer = summary["arms"]["ours"], summary["arms"]["trainer"]
         last = max(set(ours["loss"]) & set(trainer["loss"]))
@@ -266,6 +268,18 @@ def summarize(runs: list[dict], label: str) -> dict:
                        f"{'met' if ratio <= TARGET_WALL_RATIO else 'MISSED'}") if ratio is not None else \
                 f"not within {last} updates: MISSED"
             print(f"seed {s}: ours reaches the Trainer's final held-out loss {reached}")
+        # Over seeds: ours' mean curve (mean loss and mean time at each update) against the Trainer's mean
+        # final loss and mean wall time; with own inits the per-seed lines above also compare the draws.
+        if len(paired) > 1:
+            mean_curve = [(s, ours["loss"][s][0], statistics.mean(t for r in runs if r["arm"] == "ours"
+                                                                  for step, _, t in r["curve"] if step == s))
+                          for s in sorted(ours["loss"])]
+            t = time_to(mean_curve, trainer["loss"][last][0])
+            summary["mean_wall_ratio"] = None if t is None else t / trainer["wall_s"]
+            reached = (f"in {t / trainer['wall_s']:.2f}x the Trainer's mean wall time (target <= "
+                       f"{TARGET_WALL_RATIO}): {'met' if t / trainer['wall_s'] <= TARGET_WALL_RATIO else 'MISSED'}"
+                       ) if t is not None else f"not within {last} updates: MISSED"
+            print(f"mean over seeds: ours reaches the Trainer's mean final held-out loss {reached}")
     return summary
 
 

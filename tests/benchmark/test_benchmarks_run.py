@@ -42,6 +42,28 @@ def test_quality_parity_runs_both_arms_on_a_tiny_model(tmp_path):
         assert [s for s, _, _ in r["curve"]] == [2, 4] and all(0 < loss < 12 for _, loss, _ in r["curve"])
 
 
+def test_quality_parity_summary_compares_per_seed_and_mean_curves(capsys):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import quality_parity
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    runs = [  # (update, held-out loss, seconds): seed 0's ours passes its Trainer, seed 1's does not
+        {"arm": "ours", "seed": 0, "curve": [(1, 6.0, 10.0), (2, 5.0, 20.0)], "wall_s": 20.0},
+        {"arm": "trainer", "seed": 0, "curve": [(1, 6.0, 50.0), (2, 5.5, 100.0)], "wall_s": 100.0},
+        {"arm": "ours", "seed": 1, "curve": [(1, 6.2, 10.0), (2, 5.8, 20.0)], "wall_s": 20.0},
+        {"arm": "trainer", "seed": 1, "curve": [(1, 6.0, 50.0), (2, 5.5, 100.0)], "wall_s": 100.0},
+    ]
+    summary = quality_parity.summarize(runs, "")
+    out = capsys.readouterr().out
+    assert summary["wall_ratios"] == {0: 0.15, 1: None}  # 5.5 is halfway from 6.0 to 5.0: 15 s of 100
+    assert summary["paired_gaps"] == pytest.approx([-0.5, 0.3])
+    # mean curves: ours 6.1, 5.4 at 10, 20 s; the Trainer's mean final 5.5 at 100 s: 5.5 at 10 + 10 * 0.6/0.7
+    assert summary["mean_wall_ratio"] == pytest.approx((10 + 10 * 0.6 / 0.7) / 100)
+    assert "seed 1: ours reaches the Trainer's final held-out loss not within 2 updates: MISSED" in out
+    assert "mean over seeds: ours reaches the Trainer's mean final held-out loss in 0.19x" in out
+
+
 def test_step_profile_prints_the_breakdown():
     out = run(["benchmarks/step_profile.py", "--model", "gpt2-test", "--batch-size", "1", "--seq-len", "16",
                "--steps", "1", "--profile-steps", "1"])
