@@ -78,7 +78,8 @@ def from_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
             pad = t.new_zeros(cfg.padded_vocab_size - t.shape[0], t.shape[1])
             t = torch.cat([t, pad])
         out[name] = t.contiguous()
-    out["lm_head.weight"] = out.get("transformer.wte.weight")
+    if "transformer.wte.weight" in out:  # else the caller reports the token embedding missing
+        out["lm_head.weight"] = out["transformer.wte.weight"]
     return out
 
 

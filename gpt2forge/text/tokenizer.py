@@ -97,7 +97,9 @@ class HFTokenizer:
         self._tok = tokenizer
         self.name = name
         self.source = source
-        self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+        # One past the largest id, not the token count: a vocabulary may skip ids (a hand-edited
+        # vocab.json), and every id `encode` returns must index an embedding row.
+        self.vocab_size: int = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         ids = (tokenizer.token_to_id(t) for t in EOT_CANDIDATES)
         self.eot_id: int | None = next((i for i in ids if i is not None), None)
 

@@ -21,3 +21,17 @@ def test_mutated_inputs_end_in_success_or_one_line_error(name, tmp_path):
         if problem:
             failures.append(f"seed {seed}: {problem}")
     assert not failures, f"{name}: {len(failures)} of {CASES} cases failed:\n" + "\n".join(failures[:10])
+
+
+REGRESSIONS = [
+    ("checkpoint", 7000317),  # a flipped bit renamed wte in the safetensors header: AttributeError, not "missing"
+    ("tokenizer", 7002492),  # vocab.json skipping ids ("p": 95 of 34 tokens): encode gave ids >= vocab_size
+]
+"""Cases long runs (`make fuzz`) found, each a bug since fixed: they run in every `make test`."""
+
+
+@pytest.mark.parametrize(("name", "seed"), REGRESSIONS)
+def test_cases_long_runs_found_stay_fixed(name, seed, tmp_path):
+    fmt = FORMATS[name]
+    pristine = pristine_files(fmt, tmp_path / "valid")
+    assert run_case(fmt, seed, tmp_path / "case", pristine) is None
