@@ -14,6 +14,7 @@ LoggingArgs, eval: EvalArgs. The sections that packages below train/ consume are
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -483,6 +484,12 @@ FIELD_SECTION: dict[str, str] = {f.name: attr for attr, cls in SECTIONS.items() 
 """Flat field (flag) name -> the TrainConfig attribute of its section."""
 
 
+def _not_finite(value: Any) -> bool:
+    """A float flag's value (or one of a list's) that is nan or +-inf: no flag means anything by them."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, float) and not math.isfinite(v) for v in items)
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """The whole run: one section per concern; `from_flat` builds it from flat flag values."""
@@ -507,7 +514,9 @@ class TrainConfig:
         unknown = sorted(set(values) - set(FIELD_SECTION))
         if unknown:
             raise TypeError(f"unknown TrainConfig fields: {', '.join(unknown)}")
-        sections, problems = {}, []
+        sections = {}
+        problems = [f"--{flag(name)} {value}: not a finite number; pass a finite value"
+                    for name, value in values.items() if _not_finite(value)]
         for attr, section_cls in SECTIONS.items():
             kwargs = {name: v for name, v in values.items() if FIELD_SECTION[name] == attr}
             try:

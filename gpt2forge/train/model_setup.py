@@ -26,6 +26,7 @@ from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.model.megatron_checkpoint import load_megatron_checkpoint, megatron_model_config
 from gpt2forge.model.megatron_files import is_megatron_checkpoint
+from gpt2forge.parallel.memory_plan import GiB, available_host_memory
 from gpt2forge.text.tokenizer import load_tokenizer
 from gpt2forge.train.config import ModelArgs, TrainConfig
 
@@ -101,11 +102,24 @@ def apply_dropout_overrides(mcfg: ModelConfig, arch: ModelArgs) -> ModelConfig:
     return dataclasses.replace(mcfg, **changes)
 
 
+def check_weights_fit_host(mcfg: ModelConfig) -> None:
+    """The model is built in host memory first, in fp32: refuse a shape whose weights alone exceed
+    the host's available memory (a mistyped --max-len or --hidden-size), before allocating them."""
+    params = mcfg.num_params()
+    need, have = 4.0 * params, available_host_memory()
+    if need > have:
+        raise UsageError(f"the model has {params:,} parameters ({need / GiB:,.1f} GiB of fp32 weights: {mcfg.n_layer} "
+                         f"layers, width {mcfg.n_embd}, {mcfg.n_positions} positions, vocabulary {mcfg.vocab_size}) "
+                         f"and this host has {have / GiB:,.1f} GiB available; choose a smaller --model-config, "
+                         "--max-len, --hidden-size or --num-layers")
+
+
 def build_model(cfg: TrainConfig, device: torch.device,
                 shape: tuple[ModelConfig, Path | None] | None = None) -> tuple[GPT2LMHeadModel, Path | None]:
     """Model on `device` in fp32 (master weights), seeded init or checkpoint weights. `shape`:
     `resolve_model_config(cfg)` when the caller has it already."""
     mcfg, ckpt = shape or resolve_model_config(cfg)
+    check_weights_fit_host(mcfg)
     if ckpt is None:
         model = GPT2LMHeadModel(mcfg)
         model.init_weights(torch.Generator().manual_seed(cfg.data.seed))

@@ -150,3 +150,23 @@ def test_error_lines_name_the_rank_other_than_0(env, prefix, monkeypatch, capsys
     assert cli_main(fails)(UsageError("bad input")) == 2
     assert cli_main(fails)(RunError("bad run")) == 1
     assert capsys.readouterr().err.splitlines() == [prefix + " input", prefix + " run"]
+
+
+def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(monkeypatch):
+    # a mistyped --max-len (1e11 positions) asked the allocator for 12.8 TB and died in nn.Embedding
+    import torch
+
+    from gpt2forge.train import model_setup
+
+    cfg = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "99999999999"])
+    with pytest.raises(UsageError, match=r"99999999999 positions.*GiB available; choose a smaller") as exc:
+        model_setup.build_model(cfg, torch.device("cpu"))
+    assert "\n" not in str(exc.value)
+    small = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "32"])
+    need = 4 * resolve_model_config(small)[0].num_params()
+    monkeypatch.setattr(model_setup, "available_host_memory", lambda: need - 1.0)
+    with pytest.raises(UsageError, match="available"):
+        model_setup.build_model(small, torch.device("cpu"))
+    monkeypatch.setattr(model_setup, "available_host_memory", lambda: float(need))
+    model, _ = model_setup.build_model(small, torch.device("cpu"))
+    assert sum(p.numel() for p in model.parameters()) >= 1

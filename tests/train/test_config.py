@@ -122,3 +122,18 @@ def test_problems_of_all_sections_are_raised_once():
         assert flag in message
     with pytest.raises(TypeError, match="no_such_field"):
         TrainConfig.from_flat({"no_such_field": 1})
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_float_flag_refuses_nan_and_infinity_by_name(value):
+    # nan passed every range check (nan < 0 is False) and reached torch.optim's own ValueError traceback
+    with pytest.raises(UsageError, match=rf"--learning-rate {value}: not a finite number") as exc:
+        parse_args(["--dataset", "generated", f"--learning-rate={value}"])
+    assert "\n" not in str(exc.value)
+    with pytest.raises(UsageError, match="--adam-eps"):
+        TrainConfig.from_flat({"dataset": "generated", "adam_eps": float(value)})  # a --config file's value
+
+
+def test_a_list_float_flag_refuses_a_non_finite_element():
+    with pytest.raises(UsageError, match=r"--matmul-proportion \[0.2, nan\]: not a finite number"):
+        parse_args(["--dataset", "generated", "--matmul-proportion", "0.2", "nan"])
