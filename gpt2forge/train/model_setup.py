@@ -114,6 +114,20 @@ def check_weights_fit_host(mcfg: ModelConfig) -> None:
                          "--max-len, --hidden-size or --num-layers")
 
 
+def check_step_fits_host(cfg: TrainConfig) -> None:
+    """One host step's token ids (int64 inputs and labels, samples per step x --max-len) are held in
+    host memory at once: refuse a batch that cannot be (a mistyped --batch-size or
+    --gradient-accumulation), before the data order is drawn for it."""
+    samples = cfg.samples_per_step
+    need, have = 16.0 * samples * cfg.arch.max_len, available_host_memory()
+    if need > have:
+        raise UsageError(f"one step is {samples:,} sequences of {cfg.arch.max_len} tokens ({need / GiB:,.1f} GiB of "
+                         f"token ids alone: --batch-size {cfg.parallel.batch_size} x --gradient-accumulation "
+                         f"{cfg.parallel.gradient_accumulation} x --replication-factor "
+                         f"{cfg.parallel.replication_factor} x --device-iterations {cfg.parallel.device_iterations}) "
+                         f"and this host has {have / GiB:,.1f} GiB available; choose a smaller batch")
+
+
 def build_model(cfg: TrainConfig, device: torch.device,
                 shape: tuple[ModelConfig, Path | None] | None = None) -> tuple[GPT2LMHeadModel, Path | None]:
     """Model on `device` in fp32 (master weights), seeded init or checkpoint weights. `shape`:

@@ -60,7 +60,7 @@ from gpt2forge.train.kfac import build_preconditioner
 from gpt2forge.train.log_lines import StepReport, step_line, validation_lines
 from gpt2forge.train.memory import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
-from gpt2forge.train.model_setup import build_model, maybe_sample, resolve_model_config
+from gpt2forge.train.model_setup import build_model, check_step_fits_host, maybe_sample, resolve_model_config
 from gpt2forge.train.observe import RunMonitor
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
@@ -190,6 +190,7 @@ def run_training(cfg: TrainConfig) -> int:
     zero = resolve_zero_stage(cfg.parallel.zero_stage, cfg.parallel.replicated_tensor_sharding, env,
                               cfg.memory.offload_mode)
     shape = resolve_model_config(cfg)  # once: the host check and the model both need it
+    check_step_fits_host(cfg)
     if cfg.memory.offload_mode != "none":  # before any allocation
         check_offload_fits_host(cfg.parallel, cfg.memory, shape[0], zero, env.world_size, processes_on_this_host())
     configure_matmul(device, precision, cfg.runtime.enable_half_partials)

@@ -170,3 +170,20 @@ def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(monkeypa
     monkeypatch.setattr(model_setup, "available_host_memory", lambda: float(need))
     model, _ = model_setup.build_model(small, torch.device("cpu"))
     assert sum(p.numel() for p in model.parameters()) >= 1
+
+
+@pytest.mark.parametrize("flag", ["--batch-size", "--gradient-accumulation", "--replication-factor",
+                                  "--device-iterations"])
+def test_a_step_too_big_for_the_host_is_refused_by_its_flags(flag, monkeypatch):
+    # --batch-size 99999999999 asked the allocator for 12.8 TB while drawing the epoch's order
+    from gpt2forge.train import model_setup
+
+    cfg = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "16", flag, "99999999999"])
+    with pytest.raises(UsageError, match=rf"{flag} 99999999999.*GiB available; choose a smaller batch") as exc:
+        model_setup.check_step_fits_host(cfg)
+    assert "\n" not in str(exc.value)
+    ok = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "16", flag, "2"])
+    model_setup.check_step_fits_host(ok)
+    monkeypatch.setattr(model_setup, "available_host_memory", lambda: 16.0 * ok.samples_per_step * 16 - 1)
+    with pytest.raises(UsageError, match="choose a smaller batch"):
+        model_setup.check_step_fits_host(ok)
