@@ -7,7 +7,9 @@ Order in which the trainer applies things to a model (documented once, here):
   4. data-parallel wrapper                           (distributed.wrap_data_parallel)
   5. torch.compile                                   (maybe_compile)
 On CPU, configure_host_allocator keeps freed training buffers in the process instead of
-returning them to the OS each step.
+returning them to the OS each step. What a process may allocate (`device_capacity`,
+`available_host_memory`) is asked here too: the memory plan, the trainer's and the generator's
+size checks share it.
 Precision is not a model property: weights stay fp32 (master copy) and autocast runs the matmuls
 in bf16/fp16; fp16 adds loss scaling (LossScaler).
 """
@@ -234,3 +236,27 @@ def synchronize(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+GiB = 2**30
+
+
+def device_capacity(device: torch.device) -> tuple[float, str]:
+    """(bytes, description) of what one process may use: the GPU's memory, or the host's available memory."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return float(props.total_memory), f"{props.name} ({props.total_memory / GiB:.1f} GiB)"
+    have = available_host_memory()
+    return have, f"host memory ({have / GiB:.1f} GiB available)"
+
+
+def available_host_memory() -> float:
+    """Bytes of host memory available to a new allocation: psutil's figure when it is installed,
+    else MemAvailable of /proc/meminfo (Linux)."""
+    try:
+        import psutil  # optional: not a dependency
+    except ImportError:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return float(info.get("MemAvailable", 0))
+    return float(psutil.virtual_memory().available)

@@ -22,7 +22,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import str_to_bool
-from gpt2forge.core.runtime import cpu_half_matmul_is_emulated, resolve_device
+from gpt2forge.core.runtime import GiB, cpu_half_matmul_is_emulated, device_capacity, resolve_device
 from gpt2forge.generate import gemv
 from gpt2forge.generate.generator import GenerationResult, Generator
 from gpt2forge.generate.sampling import SamplingConfig
@@ -99,6 +99,17 @@ def _validate(args: argparse.Namespace) -> SamplingConfig:
                           repetition_penalty=args.repetition_penalty)
 
 
+def check_cache_fits(model, batch_size: int, length: int, device: torch.device) -> None:
+    """The KV cache (keys and values of every layer for `batch_size` rows of `length` positions) is
+    allocated whole before the first token: refuse one that cannot fit the device, naming --batch-size."""
+    cfg = model.config
+    need = 2.0 * cfg.n_layer * batch_size * length * cfg.n_embd * next(model.parameters()).element_size()
+    have, where = device_capacity(device)
+    if need > have:
+        raise UsageError(f"--batch-size {batch_size}: the KV cache of {batch_size:,} rows of {length} positions needs "
+                         f"{need / GiB:,.1f} GiB and {where} has less; use a smaller --batch-size or --output-len")
+
+
 class Session:
     """A loaded model, its tokenizer and a Generator, plus what every mode needs around them."""
 
@@ -124,6 +135,7 @@ class Session:
                        "kernel) is not built, so bf16 matmuls are emulated, far slower than fp32; run `make` "
                        "or drop --bf16")
         self.args, self.sampling = args, sampling
+        check_cache_fits(model, args.batch_size, args.input_len + args.output_len, device)
         self.gen = Generator(model, args.batch_size, args.input_len + args.output_len, compile=args.poptorch_loop)
         warm_s = self.gen.warm_up()  # excluded from the latency lines, as the reference's first call
         what = "Compiled the decode step" if args.poptorch_loop else "Warmed up"

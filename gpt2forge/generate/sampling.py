@@ -9,6 +9,7 @@ anything else, so they are never chosen.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -33,14 +34,16 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.temperature > 0:
-            problems.append(f"--temperature must be > 0 (got {self.temperature}); use --greedy for argmax")
+        if not 0 < self.temperature < math.inf:
+            problems.append(f"--temperature must be a finite number > 0 (got {self.temperature}); use --greedy for "
+                            "argmax")
         if self.top_k < 0:
             problems.append(f"--topk must be >= 0 (got {self.top_k}); 0 keeps every token")
         if not 0 < self.top_p <= 1:
             problems.append(f"--top-p must be in (0, 1] (got {self.top_p})")
-        if not self.repetition_penalty > 0:
-            problems.append(f"--repetition-penalty must be > 0 (got {self.repetition_penalty}); 1 is off")
+        if not 0 < self.repetition_penalty < math.inf:
+            problems.append(f"--repetition-penalty must be a finite number > 0 (got {self.repetition_penalty}); "
+                            "1 is off")
         collect(problems)
 
 

@@ -44,12 +44,12 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import opt, positive
+from gpt2forge.core.runtime import GiB, available_host_memory, device_capacity
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import Block
 from gpt2forge.ops.lm_head_loss import LossChunking
 from gpt2forge.parallel.topology import ParallelArgs, check_tensor_parallel, is_pipelined
 
-GiB = 2**30
 OFFLOADS = ("none", "optimizer", "full")
 """--offload's vocabulary: nothing, the optimizer state and update, or parameters + gradients + optimizer."""
 
@@ -293,27 +293,6 @@ def print_compute_balance(cfg: ModelConfig, layers: tuple[int, ...], seq_len: in
         even = stage_flops(cfg, balanced, seq_len)
         log.info(f"Balanced compute: --layers-per-ipu {' '.join(map(str, balanced))} (slowest stage "
                  f"{100 * max(even) / sum(even):.0f}% of the step instead of {100 * max(flops) / sum(flops):.0f}%)")
-
-
-def device_capacity(device: torch.device) -> tuple[float, str]:
-    """(bytes, description) of what one process may use: the GPU's memory, or the host's available memory."""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return float(props.total_memory), f"{props.name} ({props.total_memory / GiB:.1f} GiB)"
-    have = available_host_memory()
-    return have, f"host memory ({have / GiB:.1f} GiB available)"
-
-
-def available_host_memory() -> float:
-    """Bytes of host memory available to a new allocation: psutil's figure when it is installed,
-    else MemAvailable of /proc/meminfo (Linux)."""
-    try:
-        import psutil  # optional: not a dependency
-    except ImportError:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
-        return float(info.get("MemAvailable", 0))
-    return float(psutil.virtual_memory().available)
 
 
 def check_offload_fits_host(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, zero: int,

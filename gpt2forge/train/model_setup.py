@@ -20,13 +20,13 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.runtime import GiB, available_host_memory
 from gpt2forge.generate.generator import sample
 from gpt2forge.model.checkpoint import load_model, load_model_config, resolve_checkpoint_dir
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.model.megatron_checkpoint import load_megatron_checkpoint, megatron_model_config
 from gpt2forge.model.megatron_files import is_megatron_checkpoint
-from gpt2forge.parallel.memory_plan import GiB, available_host_memory
 from gpt2forge.text.tokenizer import load_tokenizer
 from gpt2forge.train.config import ModelArgs, TrainConfig
 

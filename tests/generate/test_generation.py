@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -265,9 +266,27 @@ def test_top_k_top_p_temperature_and_penalty_semantics():
 
 def test_bad_sampling_flags_are_usage_errors():
     for kw in (dict(temperature=0.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5),
-               dict(repetition_penalty=0.0)):
+               dict(repetition_penalty=0.0), dict(temperature=math.inf), dict(temperature=math.nan),
+               dict(top_p=math.nan), dict(repetition_penalty=math.inf)):
         with pytest.raises(UsageError):
             SamplingConfig(**kw)
+
+
+def test_a_kv_cache_too_big_for_the_device_is_refused_by_batch_size(monkeypatch):
+    # --batch-size 99999999999 asked the allocator for 7.4 PB inside KVCache's torch.zeros
+    from gpt2forge.generate import cli
+
+    model = make_model(tiny())
+    with pytest.raises(UsageError, match=r"--batch-size 99999999999: the KV cache .* use a smaller --batch-size"):
+        cli.check_cache_fits(model, 99_999_999_999, 30, torch.device("cpu"))
+    cfg = model.config
+    need = 2.0 * cfg.n_layer * 3 * 30 * cfg.n_embd * 4
+    monkeypatch.setattr(cli, "device_capacity", lambda device: (need, "host memory"))
+    cli.check_cache_fits(model, 3, 30, torch.device("cpu"))  # exactly fits
+    with pytest.raises(UsageError, match="--batch-size 4"):
+        cli.check_cache_fits(model, 4, 30, torch.device("cpu"))
+    cache = CachedLM(model, 3, 30)  # what the check sizes: every layer's keys and values
+    assert sum(getattr(cache, f"{kv}{i}").nbytes for kv in "kv" for i in range(cfg.n_layer)) == need
 
 
 def test_each_row_stops_at_the_stop_token():
