@@ -249,6 +249,8 @@ FLAGS: tuple[Flag, ...] = (
     M(("--data-path",), "data and dataloader", _data_path,
       "mmap prefixes, optionally weighted: W1 P1 W2 P2 ...", str, "+"),
     M(("--train-data",), "data and dataloader", _train_data, "loose JSON files, one document per line", str, "+"),
+    M(("--mock-data",), "data and dataloader", switch_to("dataset", "generated"),
+      "synthetic token ids instead of a corpus (our --dataset generated)", None),
     M(("--text-key", "--json-key"), "data and dataloader", "json_key", "the text field of --train-data"),
     M(("--split",), "data and dataloader", "split", "train,valid,test proportions", _csv),
     M(("--data-impl",), "data and dataloader", _data_impl, "mmap"),

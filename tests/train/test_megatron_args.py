@@ -118,6 +118,13 @@ def test_flags_without_a_meaning_here_are_one_line_errors(argv, message):
         translate(["--micro-batch-size", "1", "--data-path", "x", *argv], world_size=1)
 
 
+def test_mock_data_trains_on_generated_tokens_and_bad_values_name_the_flag():
+    values = translate(["--micro-batch-size", "2", "--mock-data"], world_size=1)
+    assert values["dataset"] == "generated" and "input_files" not in values
+    with pytest.raises(UsageError, match="--learning-rate nan: not a finite number"):
+        parse_args(["--micro-batch-size", "2", "--mock-data", "--lr", "nan"])
+
+
 def test_tensor_parallel_size_divides_the_world_into_replicas():
     # 8 processes = 2 replicas x (2 stages x 2 tensor-parallel ranks); seed 001's --model-parallel-size too
     argv = ["--micro-batch-size", "1", "--global-batch-size", "4", "--num-layers", "4", "--data-path", "x",
