@@ -73,10 +73,11 @@ test-fast: setup lint
 	$(PY) -m pytest -q -m "not slow"
 
 # Long fuzz run of every input format (tests/fuzz): make fuzz N=100000; prints cases and failures per format,
-# each failure with the seed that reproduces it.
+# each failure with the seed that reproduces it; then every train_gpt2.py flag with bad values, each a short run.
 N ?= 10000
 fuzz: setup
 	$(PY) tests/fuzz/run.py --cases $(N)
+	$(PY) tests/fuzz/flags.py --run
 
 # WikiText and LAMBADA test sets from the Hugging Face hub into ~/.cache/gpt2forge/eval-data (sha256 checked);
 # EVAL_DATA_ARGS="--from DIR" imports local copies instead.

@@ -1,0 +1,28 @@
+"""The fast tier of the flag fuzzing (tests/fuzz/flags.py): every flag of train_gpt2.py with each
+bad or extreme value ends in success or one `error:` line with exit code 2, through the checks the
+trainer makes before it allocates. The whole run per case: `python tests/fuzz/flags.py --run`."""
+
+import pytest
+from flags import cases, run_case
+
+
+def test_every_flag_with_every_bad_value_passes_the_preflight_or_is_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    all_cases = cases()
+    assert len({flag for flag, _ in all_cases}) > 100 and ("--learning-rate", "nan") in all_cases
+    failures = [f"{flag} {value!r}: {problem}" for flag, value in all_cases
+                if (problem := run_case(flag, value, tmp_path, run=False))]
+    assert not failures, f"{len(failures)} of {len(all_cases)} cases failed:\n" + "\n".join(failures[:10])
+
+
+@pytest.mark.parametrize(("flag", "value", "refused"), [
+    ("--learning-rate", "nan", True), ("--adam-eps", "inf", True), ("--max-len", "99999999999", True),
+    ("--batch-size", "99999999999", True), ("--num-layers", "99999999999", True), ("--learning-rate", "0.5", False),
+])
+def test_the_values_that_once_escaped_are_refused_in_the_preflight(flag, value, refused, tmp_path, capsys):
+    # each of these once ended in a traceback from torch (optimizer or allocator), or a 40 s hang
+    from flags import base_argv, preflight
+
+    assert preflight([*base_argv(tmp_path), f"{flag}={value}"]) == (2 if refused else 0)
+    err = capsys.readouterr().err
+    assert (err.count("\n") == 1 and err.startswith("error: ")) if refused else err == ""
