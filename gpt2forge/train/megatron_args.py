@@ -301,7 +301,7 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
     "eval_iters": 100, "seed": 1234, "split": "969,30,1", "device_iterations": 1, "num_workers": 2,
     "log_format": "megatron", "optimizer": "AdamW", "hidden_dropout": 0.1, "attention_dropout": 0.1,
     "init_method_std": 0.02, "initial_loss_scale": 2.0 ** 32, "loss_scale_window": 1000, "min_loss_scale": 1.0,
-    "loss_scale_hysteresis": 2,
+    "loss_scale_hysteresis": 2, "save_per_epochs": 0,  # Megatron saves every --save-interval and at the end only
 }
 """Megatron-LM's defaults where they differ from train_gpt2.py's (arguments.py of Megatron-LM)."""
 
@@ -339,6 +339,9 @@ def _data_parallel(values: dict, world_size: int) -> int:
     """Replicas: the world size over tensor x pipeline parallel sizes (Megatron's rule and words);
     --sequence-parallel is dropped at tensor-parallel size 1, as Megatron does."""
     stages, tp = values.get("_pipeline", 1), values.get("tensor_model_parallel_size", 1)
+    for name, size in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", stages)):
+        if size < 1:
+            raise UsageError(f"{name} {size}: must be >= 1 (1: not split)")
     if world_size % (tp * stages):
         raise UsageError(f"world size ({world_size}) is not divisible by tensor model parallel size ({tp}) times "
                          f"pipeline model parallel size ({stages})")
@@ -381,6 +384,8 @@ def _batches(values: dict, world_size: int) -> None:
     glob = values.pop("_global_batch", None)
     if micro is None:
         return
+    if micro < 1:
+        raise UsageError(f"--micro-batch-size {micro}: must be >= 1")
     if glob is None:
         glob = micro * data_parallel  # Megatron's default global batch
     if glob % (micro * data_parallel):

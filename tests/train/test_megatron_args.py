@@ -121,6 +121,9 @@ def test_flags_without_a_meaning_here_are_one_line_errors(argv, message):
 def test_mock_data_trains_on_generated_tokens_and_bad_values_name_the_flag():
     values = translate(["--micro-batch-size", "2", "--mock-data"], world_size=1)
     assert values["dataset"] == "generated" and "input_files" not in values
+    # no epoch checkpoints, as in Megatron: --train-iters 99999999999 on the short mock epochs once wrote one
+    # checkpoint per epoch until the disk was full
+    assert values["save_per_epochs"] == 0
     with pytest.raises(UsageError, match="--learning-rate nan: not a finite number"):
         parse_args(["--micro-batch-size", "2", "--mock-data", "--lr", "nan"])
 
