@@ -102,30 +102,32 @@ def apply_dropout_overrides(mcfg: ModelConfig, arch: ModelArgs) -> ModelConfig:
     return dataclasses.replace(mcfg, **changes)
 
 
+def _refuse_beyond_host(need: float, what: str, fix: str) -> None:
+    """UsageError naming `what` (its `need` bytes) and the fix when it exceeds the host's available memory."""
+    have = available_host_memory()
+    if need > have:
+        raise UsageError(f"{what} need {need / GiB:,.1f} GiB and this host has {have / GiB:,.1f} GiB available; {fix}")
+
+
 def check_weights_fit_host(mcfg: ModelConfig) -> None:
     """The model is built in host memory first, in fp32: refuse a shape whose weights alone exceed
     the host's available memory (a mistyped --max-len or --hidden-size), before allocating them."""
     params = mcfg.num_params()
-    need, have = 4.0 * params, available_host_memory()
-    if need > have:
-        raise UsageError(f"the model has {params:,} parameters ({need / GiB:,.1f} GiB of fp32 weights: {mcfg.n_layer} "
-                         f"layers, width {mcfg.n_embd}, {mcfg.n_positions} positions, vocabulary {mcfg.vocab_size}) "
-                         f"and this host has {have / GiB:,.1f} GiB available; choose a smaller --model-config, "
-                         "--max-len, --hidden-size or --num-layers")
+    _refuse_beyond_host(4.0 * params, f"the model's fp32 weights, {params:,} parameters ({mcfg.n_layer} layers, "
+                        f"width {mcfg.n_embd}, {mcfg.n_positions} positions, vocabulary {mcfg.vocab_size}),",
+                        "choose a smaller --model-config, --max-len, --hidden-size or --num-layers")
 
 
 def check_step_fits_host(cfg: TrainConfig) -> None:
     """One host step's token ids (int64 inputs and labels, samples per step x --max-len) are held in
     host memory at once: refuse a batch that cannot be (a mistyped --batch-size or
     --gradient-accumulation), before the data order is drawn for it."""
-    samples = cfg.samples_per_step
-    need, have = 16.0 * samples * cfg.arch.max_len, available_host_memory()
-    if need > have:
-        raise UsageError(f"one step is {samples:,} sequences of {cfg.arch.max_len} tokens ({need / GiB:,.1f} GiB of "
-                         f"token ids alone: --batch-size {cfg.parallel.batch_size} x --gradient-accumulation "
-                         f"{cfg.parallel.gradient_accumulation} x --replication-factor "
-                         f"{cfg.parallel.replication_factor} x --device-iterations {cfg.parallel.device_iterations}) "
-                         f"and this host has {have / GiB:,.1f} GiB available; choose a smaller batch")
+    p = cfg.parallel
+    _refuse_beyond_host(16.0 * cfg.samples_per_step * cfg.arch.max_len,
+                        f"one step's token ids, {cfg.samples_per_step:,} sequences of {cfg.arch.max_len} tokens "
+                        f"(--batch-size {p.batch_size} x --gradient-accumulation {p.gradient_accumulation} x "
+                        f"--replication-factor {p.replication_factor} x --device-iterations {p.device_iterations}),",
+                        "choose a smaller batch")
 
 
 def build_model(cfg: TrainConfig, device: torch.device,
