@@ -7,9 +7,9 @@ Order in which the trainer applies things to a model (documented once, here):
   4. data-parallel wrapper                           (distributed.wrap_data_parallel)
   5. torch.compile                                   (maybe_compile)
 On CPU, configure_host_allocator keeps freed training buffers in the process instead of
-returning them to the OS each step. What a process may allocate (`device_capacity`,
-`available_host_memory`) is asked here too: the memory plan, the trainer's and the generator's
-size checks share it.
+returning them to the OS each step. What a process may allocate (`device_capacity`: in all;
+`available_device_memory`, `available_host_memory`: now) is asked here too: the memory plan, the
+trainer's and the generator's size checks share it.
 Precision is not a model property: weights stay fp32 (master copy) and autocast runs the matmuls
 in bf16/fp16; fp16 adds loss scaling (LossScaler).
 """
@@ -64,9 +64,11 @@ def loader_workers(requested: int) -> int:
 
 
 def resolve_device(name: str) -> torch.device:
-    """--device auto|cpu|cuda|cuda:N -> a torch.device that exists here."""
+    """--device auto|cpu|cuda|cuda:N -> a torch.device that exists here. A CUDA device always
+    carries its index (`cuda` is the current device, normally `cuda:0`): NCCL's
+    `init_process_group(device_id=...)`, `torch.cuda.set_device` and the memory queries need one."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -77,9 +79,18 @@ def resolve_device(name: str) -> torch.device:
                              "use --device cpu or install a CUDA build of torch (TORCH_SPEC in the Makefile)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise UsageError(f"--device {name}: only {torch.cuda.device_count()} GPU(s) visible")
+        dev = with_index(dev)
     elif dev.type != "cpu":
         raise UsageError(f"--device {name} is not supported; use auto, cpu, cuda or cuda:N")
     return dev
+
+
+def with_index(device: torch.device) -> torch.device:
+    """`device` with its index: a bare `cuda` becomes the current CUDA device (`cuda:0` unless
+    `torch.cuda.set_device` chose another); other devices are returned as they are."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def cpu_half_matmul_is_emulated(precision: str) -> bool:
@@ -126,13 +137,15 @@ def autocast(device: torch.device, precision: str):
 
 
 def configure_matmul(device: torch.device, precision: str, half_partials: bool) -> None:
-    """TF32 for fp32 matmuls on CUDA; --enable-half-partials allows reduced-precision accumulation."""
+    """TF32 for fp32 matmuls on CUDA; reduced-precision accumulation of fp16/bf16 matmuls on CUDA
+    exactly when --enable-half-partials is on (fp32 partials otherwise, as the reference's default)."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        if half_partials:
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = True
-            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+        # Set both ways: torch allows reduced-precision (split-K) reductions by default, so only
+        # setting them when the flag is on would leave fp16/bf16 partials on in every run.
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = half_partials
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = half_partials
     elif half_partials:
         log.notice("--enable-half-partials has no equivalent on CPU (matmuls accumulate in fp32); ignored")
 
@@ -248,6 +261,18 @@ def device_capacity(device: torch.device) -> tuple[float, str]:
         return float(props.total_memory), f"{props.name} ({props.total_memory / GiB:.1f} GiB)"
     have = available_host_memory()
     return have, f"host memory ({have / GiB:.1f} GiB available)"
+
+
+def available_device_memory(device: torch.device) -> tuple[float, str]:
+    """(bytes, description) a new allocation may take now: on a GPU what is free (cudaMemGetInfo)
+    plus what this process's caching allocator holds unused, so unlike `device_capacity` the
+    memory already taken (the model's weights, other processes) is not counted; on the CPU the
+    host's available memory."""
+    if device.type != "cuda":
+        return device_capacity(device)
+    free, total = torch.cuda.mem_get_info(device)
+    have = float(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    return have, f"{torch.cuda.get_device_name(device)} ({have / GiB:.1f} of {total / GiB:.1f} GiB free)"
 
 
 def available_host_memory() -> float:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
 
+from gpt2forge.core.capability import capabilities
 from gpt2forge.core.runtime import synchronize
 from gpt2forge.generate.fused_step import FusedDecodeStep
 from gpt2forge.generate.gemv import (
@@ -122,12 +123,14 @@ class Generator:
         self._pending: tuple[torch.Tensor, ...] | None = None  # the inputs of the step being compiled
         self._last_graph: DirectStep | None = None  # the graph that ran the latest compiled step
         self.fused: FusedDecodeStep | None = None  # CPU: the step as one C++ call (gpt2forge.generate.fused_step)
-        if compile and self.device.type == "cpu":
-            self.fused = FusedDecodeStep.of(self.lm)
-        if compile and self.device.type == "cuda":
+        self.graph_decode = compile and capabilities(self.device).graph_decode
+        """Whether the step is compiled with mode="reduce-overhead": CUDA graphs (CUDA)."""
+        if self.graph_decode:
             # Static shapes (B, 1): one graph, replayed as a CUDA graph ("reduce-overhead").
             self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode="reduce-overhead")
-        elif compile and self.fused is None:
+        elif compile:
+            self.fused = FusedDecodeStep.of(self.lm) if self.device.type == "cpu" else None
+        if compile and not self.graph_decode and self.fused is None:
             # On CPU the graph's wrapper runs once per token and calls ~100 small kernels: without
             # its ~250 size and stride asserts a GPT-2 small step is ~0.5 ms shorter, and as C++
             # (cpp_wrapper) rather than Python ~0.4 ms more (16.5 against 17.0 ms, interleaved), for
@@ -241,7 +244,7 @@ class Generator:
         """
         if self.fused is not None:
             return self.fused(ids, slots, pad)
-        if self.device.type != "cpu" or self.step is self.lm:
+        if self.device.type != "cpu" or self.step is self.lm or self.graph_decode:
             return self.step(ids, slots, pad)
         signature = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
                      *((t.shape, t.stride(), t.dtype) for t in (ids, slots, pad)))

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt2forge.core.capability import capabilities
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.documents import (
@@ -130,7 +131,7 @@ class Attention(nn.Module):
             causal = torch.ones(last, T, dtype=torch.bool, device=x.device).tril(T - last)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, dropout_p=dropout_p, scale=self.scale)
             T = last
-        elif self.training and self.attn_pdrop > 0.0 and q.device.type == "cpu":
+        elif self.training and self.attn_pdrop > 0.0 and not capabilities(q.device).sdpa_dropout:
             # CPU SDPA has no fused kernel with dropout; on CUDA the flash kernel applies it.
             y = causal_attention_dropout(q, k, v, self.attn_pdrop, self.scale)
         else:
@@ -142,8 +143,9 @@ class Attention(nn.Module):
                             dropout_p: float) -> torch.Tensor:
         """Block-causal attention of q, k, v (B, n_head, T, hd) -> (B, n_head, T, hd): the chunked CPU
         path when it applies dropout (it skips the keys before a chunk's documents), FlexAttention's
-        block mask where the model built one (CUDA, no dropout), else SDPA with the dense mask."""
-        if dropout_p > 0.0 and q.device.type == "cpu":
+        block mask where the model built one (CUDA, no dropout), else SDPA with the dense mask. The
+        device's `capabilities` choose (gpt2forge.core.capability)."""
+        if dropout_p > 0.0 and not capabilities(q.device).sdpa_dropout:
             return causal_attention_dropout(q, k, v, dropout_p, self.scale, documents.ids, documents.starts)
         if documents.block is not None and dropout_p == 0.0:
             return flex_attention(q, k, v, documents.block, self.scale)
@@ -232,8 +234,9 @@ class Transformer(nn.Module):
     def _document_mask(self, document_ids: torch.Tensor) -> DocumentMask:
         """The mask every block shares: what its attention path needs (Attention._document_attention)."""
         dropout = self.training and self.attn_pdrop > 0.0
-        chunked = dropout and document_ids.device.type == "cpu"
-        flex = document_ids.device.type == "cuda" and not dropout and flex_available()
+        can = capabilities(document_ids.device)
+        chunked = dropout and not can.sdpa_dropout
+        flex = can.flex_attention and not dropout and flex_available()
         return document_mask(document_ids, dense=not (chunked or flex), flex=flex)
 
 

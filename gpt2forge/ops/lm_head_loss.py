@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2forge.core.capability import capabilities
 from gpt2forge.ops import library as custom_ops
 
 LOGITS_CHUNK_ELEMENTS = 1 << 25
@@ -168,9 +169,10 @@ def _compiled_xent_rows():
 
 
 def _xent_rows_fn(device: torch.device):
-    """`xent_rows` compiled on CUDA (one fused reduction and one pointwise kernel instead of ~6
-    passes over the logits chunk); eager elsewhere, where it is the reference."""
-    return _compiled_xent_rows() if device.type == "cuda" else xent_rows
+    """`xent_rows` compiled where the device's `capabilities` say so, CUDA (one fused reduction and
+    one pointwise kernel instead of ~6 passes over the logits chunk); eager elsewhere, where it is
+    the reference."""
+    return _compiled_xent_rows() if capabilities(device).compiled_xent_rows else xent_rows
 
 
 def _use_kernel(hidden: torch.Tensor) -> bool:

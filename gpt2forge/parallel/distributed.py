@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.runtime import with_index
 from gpt2forge.parallel.health import preflight
 
 TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
@@ -89,6 +90,7 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
     # On GPUs NCCL moves CUDA tensors and gloo the CPU ones (FSDP2's CPU-offloaded gradient norm,
     # object collectives of host state), so neither kind of tensor meets a backend it lacks.
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    device = with_index(device)  # init_process_group refuses a device_id without an index
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if device.type == "cuda" else None)
@@ -165,6 +167,7 @@ def init_single_process_group(device: torch.device) -> None:
     if dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"  # as init_process_group
+    device = with_index(device)
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT,
                             device_id=device if device.type == "cuda" else None)
     log.info(f"Distributed: one process (a world of one for FSDP2), backend {backend}")

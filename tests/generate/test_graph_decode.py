@@ -1,0 +1,26 @@
+"""The generator's CUDA decode step, forced on the CPU (gpt2forge.core.capability): the step
+compiled with mode="reduce-overhead", fullgraph=True and dynamic=False. The CPU has no CUDA graphs
+to replay, but the graph CUDA would capture is traced, compiled by inductor and run here."""
+
+import pytest
+import torch
+from test_generation import GREEDY, PROMPTS, make_model, tiny
+
+from gpt2forge.core.capability import forced
+from gpt2forge.generate.generator import Generator
+
+
+@pytest.mark.slow
+def test_reduce_overhead_decode_graph_compiles_once_and_decodes_what_eager_does():
+    model = make_model(tiny())
+    eager = Generator(model, 3, 40)
+    with forced(graph_decode=True):
+        graphs = Generator(model, 3, 40, compile=True)
+    assert graphs.graph_decode and graphs.fused is None and graphs.step is not graphs.lm
+    assert not Generator(model, 3, 40, compile=True).graph_decode  # the CPU's default
+    compiled_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    graphs.warm_up()
+    for prompts in (PROMPTS, PROMPTS[1:], PROMPTS[::-1]):
+        assert graphs.generate(prompts, 12, GREEDY).tokens == eager.generate(prompts, 12, GREEDY).tokens
+    # One static-shape graph (B, 1) serves every step of every call: what CUDA graphs replay.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - compiled_before == 1
