@@ -17,8 +17,8 @@ NAME=gpu_measure BUDGET=300
 source benchmarks/gpu_steps.sh
 
 if [ "$DEVICE" = cpu ]; then  # a rehearsal of the flags at small sizes
-    TRAIN_SIZE=(--model gpt2 --batch-size 1 --seq-len 64 --steps 2 --warmup 1)
-    DECODE_SIZE=(--model gpt2 --batch-sizes 1 --new-tokens 8 --rounds 1)
+    TRAIN_SIZE=(--model test --batch-size 1 --seq-len 64 --steps 2 --warmup 1)
+    DECODE_SIZE=(--model test --batch-sizes 1 --new-tokens 8 --rounds 1)
     OP_SIZE=(--tokens 512)
 else
     TRAIN_SIZE=(--model gpt2 --batch-size 16 --seq-len 1024 --steps 8 --warmup 3)
