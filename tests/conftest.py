@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fake_cuda import fake_cuda  # noqa: F401  (the fixture, for every test: tests/fake_cuda.py)
 
 # The suite is calibrated on the CPU (exact step lines in fp32, gloo): GPUs are hidden from it and
 # from the processes it starts. tests/test_cuda.py runs its GPU checks in child processes that get

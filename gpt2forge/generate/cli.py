@@ -22,7 +22,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import str_to_bool
-from gpt2forge.core.runtime import GiB, cpu_half_matmul_is_emulated, device_capacity, resolve_device
+from gpt2forge.core.runtime import GiB, available_device_memory, cpu_half_matmul_is_emulated, resolve_device
 from gpt2forge.generate import gemv
 from gpt2forge.generate.generator import GenerationResult, Generator
 from gpt2forge.generate.sampling import SamplingConfig
@@ -101,10 +101,11 @@ def _validate(args: argparse.Namespace) -> SamplingConfig:
 
 def check_cache_fits(model, batch_size: int, length: int, device: torch.device) -> None:
     """The KV cache (keys and values of every layer for `batch_size` rows of `length` positions) is
-    allocated whole before the first token: refuse one that cannot fit the device, naming --batch-size."""
+    allocated whole before the first token, after the model: refuse one that cannot fit the memory
+    the device has left, naming --batch-size."""
     cfg = model.config
     need = 2.0 * cfg.n_layer * batch_size * length * cfg.n_embd * next(model.parameters()).element_size()
-    have, where = device_capacity(device)
+    have, where = available_device_memory(device)
     if need > have:
         raise UsageError(f"--batch-size {batch_size}: the KV cache of {batch_size:,} rows of {length} positions needs "
                          f"{need / GiB:,.1f} GiB and {where} has less; use a smaller --batch-size or --output-len")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -56,8 +57,17 @@ class Toolchain:
 
     @property
     def cuda(self) -> bool:
-        """Whether .cu sources can be built: nvcc found and torch is a CUDA build."""
-        return self.nvcc is not None and torch.version.cuda is not None
+        """Whether .cu sources can be built: nvcc found, torch is a CUDA build, and both have one
+        CUDA major version (the library links the toolkit's libcudart, which must be the one
+        torch loads; torch's own extension builder refuses a mismatch too)."""
+        return self.nvcc is not None and torch.version.cuda is not None and not self.cuda_mismatch
+
+    @property
+    def cuda_mismatch(self) -> bool:
+        """Whether nvcc's CUDA major version is known and differs from torch's."""
+        nvcc = re.match(r"release (\d+)\.", self.nvcc_version or "")
+        torch_cuda = torch.version.cuda
+        return nvcc is not None and torch_cuda is not None and nvcc[1] != torch_cuda.split(".")[0]
 
 
 def _first_line(cmd: list[str]) -> str:
@@ -109,6 +119,10 @@ def _describe(tc: Toolchain, n_cu: int) -> list[str]:
         if torch.version.cuda is None:
             cuda += "; torch is a CPU build"
             cuda += f", so {n_cu} .cu source(s) are skipped" if n_cu else ""
+        elif tc.cuda_mismatch:
+            skipped = f" and {n_cu} .cu source(s) are skipped" if n_cu else ""
+            cuda += (f"; torch built with CUDA {torch.version.cuda}, another major version, so the library is built "
+                     f"without CUDA{skipped} (point CUDA_HOME at a CUDA {torch.version.cuda.split('.')[0]} toolkit)")
         else:
             cuda += f"; torch built with CUDA {torch.version.cuda}"
     return [
@@ -122,7 +136,8 @@ def _describe(tc: Toolchain, n_cu: int) -> list[str]:
 def _cuda_arch_flags() -> list[str]:
     from torch.utils import cpp_extension
 
-    if not os.environ.get("TORCH_CUDA_ARCH_LIST") and torch.cuda.device_count() == 0:
+    # torch reads the visible GPUs for an unset list and for "native"; with none it fails obscurely.
+    if os.environ.get("TORCH_CUDA_ARCH_LIST", "native") in ("", "native") and torch.cuda.device_count() == 0:
         raise BuildError(
             "no GPU visible to choose the CUDA architectures for; set TORCH_CUDA_ARCH_LIST "
             "(e.g. TORCH_CUDA_ARCH_LIST='8.0;9.0') and run `make` again"

@@ -20,8 +20,10 @@ from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.runtime import PRECISION_DTYPES
 
 # Dense peak FLOP/s by device-name substring and compute dtype (vendor data sheets, no sparsity).
+# The first key found in the name wins: a longer name comes before its prefix (A100 before A10).
 GPU_PEAKS = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12},
     "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},  # SXM; fp32 = TF32 tensor cores
     "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
     "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 183e12},

@@ -281,7 +281,7 @@ def test_a_kv_cache_too_big_for_the_device_is_refused_by_batch_size(monkeypatch)
         cli.check_cache_fits(model, 99_999_999_999, 30, torch.device("cpu"))
     cfg = model.config
     need = 2.0 * cfg.n_layer * 3 * 30 * cfg.n_embd * 4
-    monkeypatch.setattr(cli, "device_capacity", lambda device: (need, "host memory"))
+    monkeypatch.setattr(cli, "available_device_memory", lambda device: (need, "host memory"))
     cli.check_cache_fits(model, 3, 30, torch.device("cpu"))  # exactly fits
     with pytest.raises(UsageError, match="--batch-size 4"):
         cli.check_cache_fits(model, 4, 30, torch.device("cpu"))

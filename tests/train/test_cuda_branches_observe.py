@@ -1,0 +1,82 @@
+"""The CUDA-only branches of what a run reports (MFU's GPU peak table, the profiler's CUDA activity
+and sort key, the machine report's GPUs), run on the CPU under the fake CUDA runtime
+(tests/fake_cuda.py)."""
+
+import pytest
+import torch
+
+from gpt2forge.tools import machine_report
+from gpt2forge.train import observe
+from gpt2forge.train.metrics import GPU_PEAKS, device_peak
+
+CUDA0 = torch.device("cuda", 0)
+
+NAMES = {
+    "NVIDIA H200": "H200",
+    "NVIDIA GH200 480GB": "H200",  # an H200-class GPU: the same dense peaks
+    "NVIDIA H100 80GB HBM3": "H100",
+    "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA A100-SXM4-80GB": "A100",
+    "NVIDIA A100 80GB PCIe": "A100",
+    "NVIDIA L40S": "L40S",
+    "NVIDIA A10": "A10",
+    "Tesla V100-SXM2-16GB": "V100",
+    "NVIDIA GeForce RTX 4090": "RTX 4090",
+    "NVIDIA GeForce RTX 3090": "RTX 3090",
+}
+"""What torch.cuda.get_device_name says for each GPU of the table -> its row."""
+
+
+def test_every_row_of_the_peak_table_is_named_by_a_real_gpu():
+    assert set(NAMES.values()) == set(GPU_PEAKS)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_the_gpu_peak_is_its_names_row(fake_cuda, name, precision):
+    fake_cuda.names = ["NVIDIA H100 80GB HBM3", name]
+    assert device_peak(torch.device("cuda", 1), precision) == GPU_PEAKS[NAMES[name]][precision]
+    assert fake_cuda.called("get_device_name") == [((torch.device("cuda", 1),), {})]
+
+
+def test_the_peaks_tell_the_gpus_apart(fake_cuda):
+    peaks = {}
+    for name in NAMES:
+        fake_cuda.names = [name]
+        peaks[name] = device_peak(CUDA0, "bf16")
+    assert peaks["NVIDIA H100 PCIe"] < peaks["NVIDIA H100 80GB HBM3"]
+    assert peaks["NVIDIA A10"] < peaks["NVIDIA A100-SXM4-80GB"]
+    assert peaks["Tesla V100-SXM2-16GB"] is None  # no bf16: the MFU is 'unknown'
+
+
+@pytest.mark.parametrize("name", ["Tesla T4", "NVIDIA RTX A6000", "AMD Instinct MI300X"])
+def test_an_unknown_gpu_has_no_peak(fake_cuda, name):
+    fake_cuda.names = [name]
+    assert all(device_peak(CUDA0, p) is None for p in ("bf16", "fp16", "fp32"))
+
+
+def test_the_profiler_records_cuda_and_sorts_by_device_time(fake_cuda, monkeypatch, tmp_path):
+    made = []
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.profiler, "profile", lambda **kw: made.append(kw) or "profiler")
+        assert observe.new_profiler() == "profiler"
+    assert made[0]["activities"] == [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    # A real CPU profile to export: torch's table must know the sort key.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    _, table = observe.export_profile(prof, tmp_path, "title")
+    assert "operators sorted by self_device_time_total, top 30" in table.read_text()
+
+
+def test_the_machine_report_lists_each_gpu(fake_cuda):
+    fake_cuda.names = ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    fake_cuda.bf16 = False  # as a V100 would say
+    env = machine_report.environment()
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 80.0}
+    assert env["devices"]["cuda"] == [gpu, {**gpu, "name": "NVIDIA H200"}]
+    assert env["devices"]["cuda_runtime"] == "12.8"
+    fast = env["fast_paths"]
+    assert fast["bf16 on this GPU"] is False and fast["torch.compile (inductor)"] == "yes"
+    assert {"SDPA flash", "SDPA memory-efficient"} <= set(fast)
+    assert ("cuda: NVIDIA H100 80GB HBM3 (sm 9.0, 80.0 GiB); NVIDIA H200 (sm 9.0, 80.0 GiB) (CUDA runtime 12.8)"
+            in machine_report.format_report(env))
