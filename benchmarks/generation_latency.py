@@ -147,8 +147,14 @@ def bandwidth_gbs(device: torch.device, passes: int = 4, triad: bool = True) -> 
                     best["triad"] = min(best["triad"], sync(device) - t0)
     moved = {"read": x.numel() * 4, "streams": x.numel() * 4, "triad": 3 * a.numel() * 4}  # bytes
     gbs = {key: moved[key] / t / 1e9 for key, t in best.items() if t < float("inf")}
-    gbs["floor"] = max(gbs["read"], gbs["streams"])
+    gbs["floor"] = max(gbs["read"], gbs.get("streams", 0.0))  # a GPU (or no custom ops): the plain read
     return gbs
+
+
+def _gbs(gbs: dict[str, float], key: str) -> str:
+    """One bandwidth of `bandwidth_gbs` for print: "n/a" where it was not measured (a GPU has no
+    multi-stream read)."""
+    return f"{gbs[key]:.1f} GB/s" if key in gbs else "n/a"
 
 
 def round_trip_ns() -> float | None:
@@ -340,7 +346,7 @@ def main(argv=None) -> int:
     bw = start["floor"]
     print(f"device {device}, torch {torch.__version__}, transformers {transformers.__version__}, "
           f"{torch.get_num_threads()} threads, bandwidth at the start: read {start['read']:.1f} GB/s, "
-          f"multi-stream read {start['streams']:.1f} GB/s, triad {start['triad']:.1f} GB/s (floors use "
+          f"multi-stream read {_gbs(start, 'streams')}, triad {start['triad']:.1f} GB/s (floors use "
           f"{bw:.1f} GB/s, the faster read)")
     results = []
     for precision in [] if args.accuracy_only else args.precisions:
@@ -407,7 +413,7 @@ def main(argv=None) -> int:
               f"{accuracy['teacher_forced_top1_agreement']:.1%} of positions, largest log-probability difference "
               f"{accuracy['max_abs_logprob_diff']}")
     end = bandwidth_gbs(device)
-    print(f"bandwidth at the end: read {end['read']:.1f} GB/s, multi-stream read {end['streams']:.1f} GB/s, triad "
+    print(f"bandwidth at the end: read {end['read']:.1f} GB/s, multi-stream read {_gbs(end, 'streams')}, triad "
           f"{end['triad']:.1f} GB/s (floors above use the start's faster read; with the end's they would be "
           f"{start['floor'] / end['floor']:.2f}x as long)")
     if args.json:

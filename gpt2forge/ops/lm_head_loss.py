@@ -38,6 +38,19 @@ LOGITS_CHUNK_ELEMENTS = 1 << 25
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+ALIGN = 8
+"""The reference computes logits rows (and vocabulary chunks) a multiple of this many columns
+wide, 16 bytes of bf16, over the weight's padding rows, whose columns are masked: cuBLAS runs its
+fast kernels only on 16-byte aligned leading dimensions, and GPT-2's odd 50,257 columns sent every
+logits matmul of a training step to its legacy kernels (an H200's profile: cutlass_75 s1688 GEMMs)."""
+
+
+def _columns(weight: torch.Tensor, vocab_size: int) -> int:
+    """How many logits columns the reference computes: `vocab_size` rounded up to ALIGN where the
+    weight has that many (padding) rows, else `vocab_size`."""
+    aligned = -(-vocab_size // ALIGN) * ALIGN
+    return aligned if weight.shape[0] >= aligned else vocab_size
+
 
 @dataclass(frozen=True)
 class LossChunking:
@@ -74,8 +87,9 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         torch._assert_async(~bad, message)
     elif bool(bad):
         raise ValueError(message)
-    width = math.ceil(V / vocab_chunks)
-    W = weight[:V].to(cdt)  # (V, C): the padding rows are never computed
+    Vc = _columns(weight, V)  # logits columns computed: V, or V aligned with the columns >= V masked
+    width = -(-math.ceil(V / vocab_chunks) // ALIGN) * ALIGN  # columns per vocabulary chunk
+    W = weight[:Vc].to(cdt)  # (Vc, C): padding rows past Vc are never computed
     f32 = dict(device=hidden.device, dtype=torch.float32)
     stats = torch.zeros(3, **f32)
     grad_hidden = torch.empty_like(hidden) if compute_grad else hidden.new_empty(0)
@@ -88,10 +102,10 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         if width >= V:
             # One vocabulary chunk: the logits are computed once and turned into their gradient
             # (3 matmuls in all, as the plain path); on CUDA by one compiled kernel pass.
-            loss, correct, scored, d = _xent_rows_fn(h.device)(h @ W.T, y, ignore_index, compute_grad)
+            loss, correct, scored, d = _xent_rows_fn(h.device)(h @ W.T, y, ignore_index, compute_grad, V)
             stats += torch.stack((loss, correct, scored))
             if compute_grad:
-                _add_grads(d, h, W, gh, grad_weight[:V])
+                _add_grads(d, h, W, gh, grad_weight[:Vc])
                 grad_hidden[t0:t0 + n] = gh
             continue
         keep = y != ignore_index
@@ -100,8 +114,9 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         best = torch.full((n,), float("-inf"), **f32)
         argmax = torch.zeros(n, dtype=torch.long, device=h.device)
         label_logit = torch.zeros(n, **f32)
-        for v0 in range(0, V, width):
+        for v0 in range(0, Vc, width):
             logits = (h @ W[v0:v0 + width].T).float()  # (n, vlen)
+            logits[:, V - v0:] = float("-inf")  # the padding columns of the last chunk, if any
             chunk_max, chunk_arg = logits.max(dim=1)
             better = chunk_max > best  # earlier chunks win ties, as torch.argmax does
             best = torch.where(better, chunk_max, best)
@@ -118,9 +133,10 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
         stats[2] += keep.sum()
         if not compute_grad:
             continue
-        for v0 in range(0, V, width):  # several vocabulary chunks: recompute each one's logits
+        for v0 in range(0, Vc, width):  # several vocabulary chunks: recompute each one's logits
             Wv = W[v0:v0 + width]
             probs = (h @ Wv.T).float().sub_(lse[:, None]).exp_()  # (n, vlen) softmax
+            probs[:, V - v0:] = 0.0  # padding columns
             inside = keep & (y >= v0) & (y < v0 + Wv.shape[0])
             rows = inside.nonzero().squeeze(1)
             probs[rows, y[rows] - v0] -= 1.0
@@ -141,15 +157,19 @@ def _add_grads(d: torch.Tensor, h: torch.Tensor, Wv: torch.Tensor, gh: torch.Ten
         gw += (d.T @ h).float()
 
 
-def xent_rows(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, compute_grad: bool
+def xent_rows(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, compute_grad: bool,
+              vocab_size: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Cross-entropy of logits (n, V) (any float dtype; fp32 math) against labels (n,).
+    """Cross-entropy of logits (n, V) (any float dtype; fp32 math) against labels (n,); with
+    `vocab_size` < V, the columns from `vocab_size` on are padding: no probability, zero gradient.
 
     Returns the loss sum, the number of rows whose argmax is the label and the number of scored
     rows (fp32 scalars), and with compute_grad d(loss sum)/d(logits) = (softmax - one-hot) on the
     scored rows, (n, V) in the logits' dtype (else None).
     """
     x = logits.float()
+    if vocab_size is not None and vocab_size < x.shape[1]:
+        x = x.masked_fill(torch.arange(x.shape[1], device=x.device) >= vocab_size, float("-inf"))
     keep = labels != ignore_index
     label = torch.where(keep, labels, 0)
     lse = torch.logsumexp(x, dim=1)  # (n,)

@@ -76,6 +76,22 @@ def test_loss_accuracy_and_both_gradients_match_plain(impl, chunking, dtype):
     assert WW.grad[V:].abs().max() == 0  # padded rows get no gradient
 
 
+@pytest.mark.parametrize("rows, chunks", [(16, 1), (16, 3), (37, 9)])
+def test_reference_masks_the_padding_columns_it_computes_for_alignment(rows, chunks):
+    """The reference computes its logits over V rounded up to 8 columns (cuBLAS's fast kernels need
+    16-byte aligned rows), through the weight's padding rows: large values there change nothing, and
+    those rows get no gradient."""
+    h, W, y, V = problem(V=67, V_pad=80)
+    W[V:] = 50.0  # padding rows that would dominate any softmax they entered
+    ref_loss, ref_correct, _, ref_gh, ref_gw = plain(h, W, y, V, torch.float32)
+    stats, gh, gw = lm_head_ce_reference(h, W, y, V, IGNORE_INDEX, rows, chunks, torch.float32, True)
+    torch.testing.assert_close(stats[0], ref_loss, rtol=1e-5, atol=1e-5)
+    assert int(stats[1]) == int(ref_correct)
+    torch.testing.assert_close(gh, ref_gh, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gw[:V], ref_gw[:V], rtol=1e-5, atol=1e-5)
+    assert gw[V:].abs().max() == 0
+
+
 def test_kernel_equals_reference_on_odd_sizes():
     if not HAVE_KERNEL:
         pytest.skip("custom ops library not built")
