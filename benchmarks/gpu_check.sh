@@ -14,8 +14,8 @@
 # travels as a wheel: `pip download --no-deps --only-binary=:all: --python-version 3.12 NAME==VER`,
 # then `pip install --no-index --no-deps --target DIR *.whl` there and PYTHONPATH=DIR).
 #
-# Steps: env, imports and the custom-ops build run one after the other; then, side by side (they
-# check, they do not time): the CUDA tests (every test marked cuda, no -x, a timeout per test);
+# Steps: env, imports, the custom-ops build and the memory plan run one after the other; then,
+# side by side (they check, they do not time): the CUDA tests (every test marked cuda, no -x, a timeout per test);
 # compiled bf16 training on packed documents (FlexAttention), saved, resumed, then generation
 # (eager against CUDA graphs, greedy; seeded sampling twice); dropout with recomputation under the
 # profiler; fp16 with dynamic loss scaling; --offload full. Each step has its own time limit and the
@@ -96,6 +96,8 @@ raise SystemExit(1 if failed else 0)
 EOF
 step ops_build 150 bash -c "$PY -m gpt2forge.ops.build build --out-dir build/custom_ops && \
     $PY -c 'from gpt2forge.ops import library; print(library.build_info())'"
+step memory_plan 60 "$PY" train_gpt2.py --plan --device "$DEVICE" --model gpt2-xl --max-len 1024 --batch-size 8 \
+    --recompute-checkpoint-every-layer true
 [ "$DRY" = 1 ] || finish
 
 # Side by side from here: each step checks, none times.
