@@ -12,6 +12,9 @@ from fake_cuda import fake_cuda  # noqa: F401  (the fixture, for every test: tes
 # the machine's own CUDA_VISIBLE_DEVICES back (HOST_CUDA_VISIBLE_DEVICES).
 HOST_CUDA_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# --precision auto on the CPU is fp32 in the suite, on every CPU (the probe that decides it on a
+# user's machine, gpt2forge.core.precision, has tests of its own that unset this).
+os.environ["GPT2FORGE_CPU_PRECISION"] = "fp32"
 
 TINY_MODEL = {"model_type": "gpt2", "vocab_size": 96, "n_positions": 64, "n_embd": 32, "n_layer": 2, "n_head": 2}
 

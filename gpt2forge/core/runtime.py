@@ -28,6 +28,7 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.precision import cpu_auto_precision
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
 
@@ -107,8 +108,9 @@ def cpu_half_matmul_is_emulated(precision: str) -> bool:
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
-    """--precision auto -> bf16 on CUDA GPUs that support it, else fp32. Warns (once, here) when a
-    CPU would emulate the requested bf16/fp16 matmuls."""
+    """--precision auto -> bf16 on CUDA GPUs that support it; on a CPU whichever of bf16 and fp32 a
+    probe measured faster here (gpt2forge.core.precision), said in one line; else fp32. Warns
+    (once, here) when a CPU would emulate the requested bf16/fp16 matmuls."""
     if name != "auto":
         if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise UsageError("--precision bf16: this GPU has no bf16 support; use --precision fp16")
@@ -118,6 +120,10 @@ def resolve_precision(name: str, device: torch.device) -> str:
         return name
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return "bf16"
+    if device.type == "cpu":
+        choice, why = cpu_auto_precision(cpu_half_matmul_is_emulated("bf16"))
+        log.info(f"Precision: {choice} (--precision auto: {why})")
+        return choice
     return "fp32"
 
 

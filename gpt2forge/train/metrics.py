@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from gpt2forge.core.atomic import write_atomic
-from gpt2forge.core.runtime import PRECISION_DTYPES
+from gpt2forge.core.precision import cpu_identity
+from gpt2forge.core.runtime import PRECISION_DTYPES, cpu_half_matmul_is_emulated
 
 # Dense peak FLOP/s by device-name substring and compute dtype (vendor data sheets, no sparsity).
 # The first key found in the name wins: a longer name comes before its prefix (A100 before A10).
@@ -62,7 +62,7 @@ def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
 
 
 def _cpu_peak_key(precision: str) -> str:
-    return f"{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{precision}|{torch.__version__}"
+    return f"{cpu_identity()}|{precision}"  # the CPU's model and flags, threads, torch
 
 
 def _read_cache() -> dict:
@@ -88,11 +88,13 @@ def remember_cpu_peak(precision: str, flops: float) -> float:
 
 
 def cpu_peak(precision: str) -> float:
-    """Measured once per (CPU, thread count, precision) and cached; fp32 re-measured each run, best kept."""
+    """Measured once per (CPU, thread count, precision) and cached; re-measured each run where the
+    precision has native kernels (cheap), the best kept."""
     cached = _read_cache().get(_cpu_peak_key(precision))
-    # fp32 is cheap to re-measure: keep the best seen, so one measurement taken while the machine
-    # was busy does not inflate every later MFU.
-    if cached is None or precision == "fp32":
+    # Keep the best seen, so one measurement taken while the machine was busy does not inflate
+    # every later MFU (a bf16 peak read once under load gave a 127% MFU); an emulated precision's
+    # read takes ~100x longer and is kept as it was.
+    if cached is None or not cpu_half_matmul_is_emulated(precision):
         return remember_cpu_peak(precision, measure_cpu_peak(precision))
     return float(cached)
 
