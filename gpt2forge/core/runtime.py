@@ -216,6 +216,12 @@ class LossScaler:
         self.good_steps = 0
         self.skipped = 0
 
+    @property
+    def can_lower(self) -> bool:
+        """Whether an overflow is the scaler's own signal: dynamic scaling above `min_scale` still has a
+        lower scale to try (Megatron turns its NaN check off then: the NaNs are the scaler's input)."""
+        return self.dynamic and self.scale > self.min_scale
+
     def unscale_and_check(self, params: list[torch.nn.Parameter]) -> bool:
         """Divide gradients by the scale; return True when all are finite (the update may proceed)."""
         if not self.enabled:

@@ -236,9 +236,12 @@ class OptimizerArgs:
     """Schedule length in samples; None: lr_decay_steps."""
     lr_warmup_samples: int | None = opt(None, "(new) warm-up in samples (Megatron's; overrides --lr-warmup-steps)")
     """Warm-up length in samples; None: lr_warmup_steps or lr_warmup."""
-    max_nonfinite_updates: int = opt(10, "(new) updates with non-finite gradients are skipped; stop the run after "
-                                     "this many in a row")
-    """Consecutive skipped (non-finite) updates that stop the run."""
+    max_nonfinite_updates: int = opt(10, "(new) updates with non-finite gradients are skipped (the learning rate "
+                                     "holds); stop the run after this many in a row. An fp16 overflow that dynamic "
+                                     "loss scaling answers by lowering the scale (above --min-loss-scale) is not "
+                                     "counted")
+    """Consecutive skipped (non-finite) updates that stop the run, fp16 overflows above the dynamic scale's floor
+    not counted."""
 
     def __post_init__(self) -> None:
         problems = positive(self, "training_steps", "lr_decay_steps", "train_samples", "lr_decay_samples",

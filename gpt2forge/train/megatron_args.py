@@ -194,6 +194,10 @@ FLAGS: tuple[Flag, ...] = (
       "deterministic algorithms: a run repeats bit for bit (on the CPU by default here)", None),
     M(("--exit-signal-handler",), "training", switch_to("exit_signal_handler"),
       "save and exit on SIGTERM (on by default here)", None),
+    M(("--max-nonfinite-updates",), "training", "max_nonfinite_updates",
+      "(gpt2forge's) stop after N updates in a row skipped for non-finite gradients; an fp16 overflow that the "
+      "dynamic loss scale can still answer by halving (above --min-loss-scale) is not counted, so, as Megatron, "
+      "a --fp16 run never stops while its scale comes down from 2^32", int),
     M(("--exit-interval", "--exit-duration-in-mins"), "training",
       Refused("stop with --train-iters or a signal (SIGTERM/SIGUSR1 save a checkpoint and exit 0)"), "", int),
     # learning rate

@@ -1,7 +1,8 @@
 """Learning-rate schedules (reference section 5.3), with Megatron's floor and sample-based lengths.
 
 The schedule is a multiplier of the peak LR (`--learning-rate`) per optimizer update, stepped once
-after every update, so the first update runs at the update-0 multiplier (0 when there is warm-up).
+after every applied update, so the first update runs at the update-0 multiplier (0 when there is
+warm-up); an update skipped for non-finite gradients holds the LR (Megatron-LM's and accelerate's rule).
 
 Lengths are counted in optimizer updates (`--lr-decay-steps`, `--lr-warmup-steps`, `--lr-warmup`)
 unless any of `--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples` is given: the

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import warnings
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -138,26 +137,34 @@ def train_step(run: Run, micro_batches: list[torch.Tensor]) -> torch.Tensor:
     if finite:
         run.optimizer.step()
         run.nonfinite_in_a_row = 0
+        # Only an applied update advances the schedule: a skipped one holds the learning rate, as
+        # Megatron-LM (`if update_successful: opt_param_scheduler.step(...)`) and accelerate do.
+        run.scheduler.step()
     else:
-        _skip_update(run)
+        _skip_update(run)  # before the scaler's update: it judges the scale this update ran at
     run.scaler.update(finite)
     run.optimizer.zero_grad(set_to_none=True)
-    with warnings.catch_warnings():  # a skipped update is still a step of the schedule, as in Megatron
-        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-        run.scheduler.step()
     return totals
 
 
 def _skip_update(run: Run) -> None:
-    """A non-finite gradient: no update, a notice, and the run stops after --max-nonfinite-updates in a row."""
-    run.nonfinite_in_a_row += 1
+    """A non-finite gradient: no update and a notice. An fp16 overflow that dynamic loss scaling can
+    still answer with a lower scale is the scaler's signal, not divergence (Megatron's initial scale
+    2^32 overflows for the first ~20 updates): it is not counted. Every other one is, and the run
+    stops after --max-nonfinite-updates of them in a row."""
     run.skipped_updates += 1
+    if run.scaler.can_lower:
+        log.notice("fp16: gradients overflowed at this loss scale; such updates are skipped (the learning rate "
+                   "holds) while the dynamic scale comes down, as in Megatron-LM; they count toward "
+                   "--max-nonfinite-updates only at --min-loss-scale")
+        return
+    run.nonfinite_in_a_row += 1
     limit = run.cfg.optim.max_nonfinite_updates
-    update = run.scheduler.last_epoch
-    log.notice(f"update {update}: non-finite gradients, update skipped ({run.nonfinite_in_a_row} in a row, "
-               f"the run stops at {limit})")
+    applied = run.scheduler.last_epoch
+    log.notice(f"after {applied} applied updates: non-finite gradients, update skipped ({run.nonfinite_in_a_row} "
+               f"in a row, the run stops at {limit})")
     if run.nonfinite_in_a_row >= limit:
-        raise RunError(f"{limit} updates in a row had non-finite gradients (the last was update {update}); the "
+        raise RunError(f"{limit} updates in a row had non-finite gradients (after {applied} applied updates); the "
                        "run diverged: lower --learning-rate, clip with --max-grad-norm, or resume from an earlier "
                        "checkpoint")
 

@@ -140,3 +140,14 @@ def test_dynamic_loss_scale_follows_megatron_core_hysteresis_and_floor():
             ours.update(not overflow)
             assert ours.scale == float(theirs.scale), (pattern, overflow)
     assert ours.skipped == sum(pattern) and ours.scale == 8.0  # the floor was reached and held
+
+
+def test_only_a_dynamic_scale_above_its_floor_can_answer_an_overflow():
+    # What decides whether a skipped fp16 update counts toward --max-nonfinite-updates (train.step).
+    dynamic = LossScaler(True, 4.0, dynamic=True, min_scale=1.0, hysteresis=1)
+    assert dynamic.can_lower
+    dynamic.update(False)
+    dynamic.update(False)
+    assert dynamic.scale == 1.0 and not dynamic.can_lower
+    assert not LossScaler(True, 4.0, dynamic=False).can_lower  # static: the scale never comes down
+    assert not LossScaler(False, 4.0, dynamic=True).can_lower  # fp32/bf16

@@ -218,6 +218,34 @@ def test_seed_scripts_run_and_equal_the_same_run_in_our_flags(tmp_path, capsys, 
     assert f" iteration {3:8d}/{3:8d} | consumed samples: {samples:12d} |" in theirs  # Megatron's widths
 
 
+def test_max_nonfinite_updates_is_taken_as_in_train_gpt2():
+    values = translate(["--micro-batch-size", "1", "--mock-data", "--max-nonfinite-updates", "3"], world_size=1)
+    assert values["max_nonfinite_updates"] == 3
+
+
+@pytest.mark.slow
+def test_fp16_run_gets_past_the_skipped_iterations_of_a_scale_from_2_to_the_32(capsys):
+    # Seeds 000 and 001 train with --fp16: Megatron's scale starts at 2^32 and halves on every second
+    # overflow, so the first ~17 iterations are skipped (lr held, as Megatron holds it); the run used
+    # to stop at iteration 10 ("10 updates in a row had non-finite gradients").
+    from gpt2forge.cli import megatron_main
+
+    argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "8",
+            "--max-position-embeddings", "8", "--micro-batch-size", "1", "--train-iters", "21", "--log-interval",
+            "1", "--eval-interval", "100", "--eval-iters", "1", "--num-workers", "0", "--mock-data", "--fp16",
+            "--lr", "1e-3"]
+    assert megatron_main(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "| lm loss:" in line]
+    fields = [dict(part.strip().rsplit(": ", 1) for part in line.split("|")[1:-1]) for line in lines]
+    assert len(fields) == 21
+    skipped = [int(f["number of skipped iterations"]) for f in fields]
+    k = skipped[-1]  # every skip came first, while the scale came down
+    assert 10 < k < 21 and skipped == [min(i + 1, k) for i in range(21)]
+    assert float(fields[0]["loss scale"]) == 2.0 ** 32 and float(fields[-1]["loss scale"]) < 2.0 ** 17
+    lrs = [float(f["learning rate"]) for f in fields]
+    assert lrs[:k] == [1e-3] * k and lrs[k] == pytest.approx(1e-3 * 20 / 21)  # linear decay from update 1
+
+
 def test_kfac_flags_reach_the_same_config_fields():
     cfg = parse_args(["--micro-batch-size", "1", "--data-path", "x", "--kfac", "--kfac-factor-update-steps", "5",
                       "--kfac-inv-update-steps", "50", "--kfac-compute-method", "inverse"], world_size=1)

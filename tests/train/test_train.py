@@ -1,6 +1,8 @@
 """End-to-end trainer tests on a tiny model: resume equals an uninterrupted run, checkpoints survive
 kill -9, bad input gives one line and exit code 2."""
 
+import json
+import math
 import os
 import pickle
 import re
@@ -90,6 +92,32 @@ def test_non_finite_gradients_skip_updates_and_stop_a_diverged_run(tiny_config, 
     assert len(errors) == 1 and "3 updates in a row had non-finite gradients" in errors[0]
     saved = load_file(tmp_path / "o" / "step_1" / "model.safetensors")
     assert all(t.isfinite().all() for t in saved.values())
+
+
+def test_fp16_overflows_while_the_scale_comes_down_hold_the_lr_and_never_stop_the_run(tiny_config, tmp_path, capsys):
+    # Megatron's fp16 defaults (scale 2^32, hysteresis 2, window 1000): the first ~15 updates overflow
+    # while the scale halves. They are skipped with the learning rate held (Megatron steps its scheduler
+    # only `if update_successful`) and never count toward --max-nonfinite-updates, which stopped such
+    # runs at update 10.
+    metrics = tmp_path / "m.jsonl"
+    args = base_args(tiny_config, tmp_path / "o", "--precision", "fp16", "--auto-loss-scaling", "true",
+                     "--initial-loss-scale", str(2.0 ** 32), "--loss-scale-hysteresis", "2",
+                     "--loss-scale-window", "1000", "--lr-schedule", "linear", "--lr-warmup", "0",
+                     "--learning-rate", "1e-3", "--gradient-accumulation", "1", "--training-steps", "22",
+                     "--metrics-file", str(metrics))
+    assert train_main(args) == 0
+    assert "fp16: gradients overflowed at this loss scale" in capsys.readouterr().err
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = [r for r in rows if "loss_scale" in r]
+    assert len(rows) == 22
+    skipped = [r["grad_norm"] is None or not math.isfinite(r["grad_norm"]) for r in rows]
+    k = skipped.index(False)  # the first applied update: every one before it overflowed, none after
+    assert k > 10 and not any(skipped[k:])
+    # Megatron-Core's DynamicGradScaler with hysteresis 2: the first overflow keeps 2^32, each later one halves.
+    assert [r["loss_scale"] for r in rows[:k]] == [2.0 ** (32 - max(i, 0)) for i in range(k)]
+    assert all(r["loss_scale"] == rows[k - 1]["loss_scale"] for r in rows[k:])
+    # Linear decay over 22 updates, indexed by applied updates only: 1e-3 held through the skips.
+    assert [r["lr"] for r in rows] == pytest.approx([1e-3 * (22 - max(0, i - k + 1)) / 22 for i in range(22)])
 
 
 def test_loss_falls_and_step_line_format(tiny_config, tmp_path, capsys):
