@@ -6,9 +6,9 @@
 # CHECKPOINT and DATA may also come from $CHECKPOINT_PATH and $DATA_PATH. Default DATA: the cached
 # wiki.test.tokens or lambada_test.jsonl that `make eval-data` (gpt2forge-fetch-data) puts in
 # $GPT2FORGE_EVAL_DATA or ~/.cache/gpt2forge/eval-data.
-# Protocol settings (environment): SEQ_LEN (1024), STRIDE (32, wiki: the reference's
-# --overlapping-eval), STRICT (false, lmbd), BATCH_SIZE (8), PRECISION (auto), TOKENIZER_TYPE (0),
-# OUTPUT_JSON (results/<task>.json). Extra flags go to the Python script unchanged.
+# Protocol settings (environment): SEQ_LEN (the model's n_positions: 1024 for GPT-2), STRIDE (32,
+# wiki: the reference's --overlapping-eval), STRICT (false, lmbd), BATCH_SIZE (8), PRECISION (auto),
+# TOKENIZER_TYPE (0), OUTPUT_JSON (results/<task>.json). Extra flags go to the Python script unchanged.
 set -euo pipefail
 
 usage() {
@@ -39,9 +39,11 @@ if [ -z "$DATA" ]; then  # the cached set, or the one-line message naming the fe
 fi
 
 OUTPUT_JSON="${OUTPUT_JSON:-results/$TASK.json}"
-ARGS=(--checkpoint-input-dir "$CHECKPOINT" --valid-data "$DATA" --seq-length "${SEQ_LEN:-1024}"
+ARGS=(--checkpoint-input-dir "$CHECKPOINT" --valid-data "$DATA"
       --batch-size "${BATCH_SIZE:-8}" --precision "${PRECISION:-auto}" --tokenizer-type "${TOKENIZER_TYPE:-0}"
       --output-json "$OUTPUT_JSON")
+# Without SEQ_LEN the script reads the model's whole context (1024 for GPT-2, 128 for `make train`'s model).
+if [ -n "${SEQ_LEN:-}" ]; then ARGS+=(--seq-length "$SEQ_LEN"); fi
 if [ "$TASK" = wiki ]; then
     ARGS+=(--overlapping-eval "${STRIDE:-32}")
 else

@@ -452,7 +452,9 @@ def test_shipped_task_command_lines_parse(tmp_path):
 
     wiki = shipped_args(tmp_path, "run_evaluate.sh", "wiki", "CKPT", "data.tokens")
     a = wiki_parser().parse_args(wiki)
-    assert (a.checkpoint, a.valid_data, a.seq_length, a.overlapping_eval) == ("CKPT", ["data.tokens"], 1024, 32)
+    assert (a.checkpoint, a.valid_data, a.seq_length, a.overlapping_eval) == ("CKPT", ["data.tokens"], None, 32)
+    a = wiki_parser().parse_args(shipped_args(tmp_path, "run_evaluate.sh", "wiki", "C", "d", env={"SEQ_LEN": "512"}))
+    assert a.seq_length == 512
     lmbd = shipped_args(tmp_path, "run_evaluate.sh", "lmbd", env={"CHECKPOINT_PATH": "C", "DATA_PATH": "l.jsonl",
                                                                   "STRICT": "true"})
     a = lambada_parser().parse_args(lmbd)
@@ -463,6 +465,28 @@ def test_shipped_task_command_lines_parse(tmp_path):
 
     g = generate_parser().parse_args(gen)
     assert g.prompt == "Hi" and g.output_len == 256
+
+
+def test_task_scripts_run_as_written_on_a_short_context_checkpoint(tmp_path):
+    """`make train`'s model has 128 positions: the scripts' defaults (the reference's 1024-token windows and
+    256 generated tokens) are fitted to the model's context, as README's next steps run them."""
+    import os
+    import sys
+
+    ckpt = tiny_checkpoint(tmp_path / "ck", vocab_size=50257, n_positions=64)
+    data = tmp_path / "wiki.test.tokens"
+    data.write_text(" = Title = \n \n The cat sat on the mat , and the dog @-@ like fox ran . \n" * 6)
+    env = {**os.environ, "PYTHON": sys.executable, "CHECKPOINT_PATH": str(ckpt)}
+    wiki = subprocess.run(["bash", str(ROOT / "tasks/run_evaluate.sh"), "wiki", str(ckpt), str(data), "--device",
+                           "cpu", "--no-progress"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert wiki.returncode == 0, wiki.stderr
+    assert json.loads((tmp_path / "results/wiki.json").read_text())["protocol"]["seq_length"] == 64
+    gen = subprocess.run(["bash", str(ROOT / "tasks/run_text_generator.sh")], input="The module\n", cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stderr
+    assert "--output-len 256 leaves no room for a prompt in the model's n_positions (64): at most 32 tokens are " \
+           "generated" in gen.stderr
 
 
 def test_checkpoint_with_its_own_tokenizer(tmp_path):
