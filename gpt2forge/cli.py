@@ -6,8 +6,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from gpt2forge.core.errors import cli_main
+
+if TYPE_CHECKING:  # the annotation only: a console script imports only its own command
+    from gpt2forge.train.front_end import FrontEnd
 
 
 @cli_main
@@ -24,7 +28,7 @@ def megatron_main(argv: Sequence[str] | None = None) -> int:
     """`pretrain_gpt.py` / `pretrain_gpt2.py` / `gpt2forge-pretrain-gpt`: Megatron-LM's flags, the same trainer."""
     from gpt2forge.train import megatron_args  # lazy: a console script imports only its own command
 
-    return _foreign_main(argv, megatron_args.translate)
+    return _foreign_main(argv, megatron_args.translate, megatron_args.FRONT_END)
 
 
 @cli_main
@@ -32,24 +36,30 @@ def clm_main(argv: Sequence[str] | None = None) -> int:
     """`train_clm.py` / `gpt2forge-train-clm`: Hugging Face run_clm_no_trainer.py's flags, the same trainer."""
     from gpt2forge.train import clm_args  # lazy: a console script imports only its own command
 
-    return _foreign_main(argv, clm_args.translate)
+    return _foreign_main(argv, clm_args.translate, clm_args.FRONT_END)
 
 
-def _foreign_main(argv: Sequence[str] | None, translate: Callable[[Sequence[str]], dict]) -> int:
+def _foreign_main(argv: Sequence[str] | None, translate: Callable[[Sequence[str]], dict],
+                  front_end: FrontEnd) -> int:
     """Another tool's flags -> TrainConfig -> the one trainer (or, with --print-equivalent, its
-    train_gpt2.py command line)."""
+    train_gpt2.py command line). Its errors name the tool's flags, not train_gpt2.py's
+    (`front_end.in_own_words`)."""
     import shlex  # lazy, as the imports below
 
+    from gpt2forge.core.errors import RunError, UsageError
     from gpt2forge.train.config import TrainConfig  # lazy: a console script imports only its own command
-    from gpt2forge.train.front_end import equivalent_command, wants_equivalent  # lazy: as above
+    from gpt2forge.train.front_end import equivalent_command, in_own_words, wants_equivalent  # lazy: as above
     from gpt2forge.train.trainer import run_training  # lazy: a console script imports only its own command
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    values = translate(argv)
-    if wants_equivalent(argv):
-        print("python train_gpt2.py " + shlex.join(equivalent_command(values)))
-        return 0
-    return run_training(TrainConfig.from_flat(values))
+    try:
+        values = translate(argv)
+        if wants_equivalent(argv):
+            print("python train_gpt2.py " + shlex.join(equivalent_command(values)))
+            return 0
+        return run_training(TrainConfig.from_flat(values))
+    except (UsageError, RunError) as exc:
+        raise type(exc)(in_own_words(str(exc), front_end.own_words(argv))) from None
 
 
 def run_script(main: Callable[[], int]) -> None:

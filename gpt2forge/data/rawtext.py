@@ -71,8 +71,8 @@ def resolve_inputs(patterns: tuple[str, ...] | list[str], dataset: str) -> list[
         matches = [m for m in sorted(glob.glob(pattern, recursive=True)) if not Path(m).is_dir()] if magic \
             else [pattern]
         if not matches or not Path(matches[0]).exists():
-            raise UsageError(f"--input-files {pattern}: {'matches no file' if magic else 'no such file'} (for "
-                             f"--dataset {dataset} give files or quoted globs, e.g. 'docs/*.{dataset}')")
+            raise UsageError(f"--input-files {pattern}: {'matches no file' if magic else 'no such file'} "
+                             f"(--dataset {dataset} reads files, or quoted globs such as 'docs/*.{dataset}')")
         if Path(matches[0]).is_dir():
             raise UsageError(f"--input-files {pattern} is a folder; give its files, e.g. '{pattern}/*.jsonl'")
         files.update(dict.fromkeys(Path(m) for m in matches))

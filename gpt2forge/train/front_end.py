@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +47,14 @@ class Flag:
     nargs: str | None = None
     default: Any = argparse.SUPPRESS
     """What a bare flag means when `nargs` is "?" (argparse's `const`)."""
+    stands_for: tuple[str, ...] = ()
+    """The `train_gpt2.py` words this flag stands for when the target is a rule (`--dataset jsonl`,
+    `--input-files`): an error naming them names this flag instead (a field target stands for its own flag)."""
+
+    def our_words(self) -> tuple[str, ...]:
+        """The `train_gpt2.py` flags (or flag-and-value phrases) this row stands for."""
+        own = (f"--{flag(self.target)}",) if isinstance(self.target, str) and not self.target.startswith("_") else ()
+        return own + self.stands_for
 
 
 def switch_to(field_name: str, value: Any = True) -> Callable[[Any, dict], None]:
@@ -138,6 +147,37 @@ class FrontEnd:
             set_by.update({name: row.names[0] for name in flagged
                            if name not in before or flagged[name] != before[name]})
         return flagged, set_by
+
+
+    def own_words(self, argv: Sequence[str]) -> dict[str, str]:
+        """`train_gpt2.py` words -> this tool's flag, for `in_own_words`: the row the user gave wins (in the
+        spelling typed), else the first row that stands for them. Words no row stands for are absent."""
+        argv = list(argv)
+        typed = {arg.split("=", 1)[0] for arg in argv if arg.startswith("-")}
+        try:
+            parsed = self.build_parser().parse_known_args(argv)[0]
+            given = {int(key.removeprefix("flag")) for key in vars(parsed) if key.startswith("flag")}
+        except UsageError:  # the parser's own message already names this tool's flags
+            given = set()
+        words: dict[str, str] = {}
+        order = sorted(range(len(self.flags)), key=lambda i: i not in given)  # given rows first, then table order
+        for i in order:
+            row = self.flags[i]
+            name = next((n for n in row.names if n in typed), row.names[0]) if i in given else row.names[0]
+            for phrase in row.our_words():
+                words.setdefault(phrase, name)
+        return words
+
+
+def in_own_words(message: str, words: dict[str, str]) -> str:
+    """`message` with each `train_gpt2.py` flag (or flag-and-value phrase) in `words` replaced by the
+    front end's flag: errors raised below the front end (config checks, data, the trainer) name only
+    flags the user can type. The longest phrase wins (`--dataset jsonl` before `--dataset`)."""
+    if not words:
+        return message
+    phrases = sorted(words, key=len, reverse=True)
+    pattern = re.compile("|".join(rf"(?<![\w-]){re.escape(p)}(?![\w-])" for p in phrases))
+    return pattern.sub(lambda m: words[m.group(0)], message)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -170,6 +170,20 @@ def test_bad_flags_are_one_line(argv, message):
     assert "\n" not in str(err.value)
 
 
+def test_errors_from_below_the_front_end_name_run_clms_flags(tmp_path, capsys):
+    # `--dataset_name wikitext` not cached here used to say `pass --input-files DIR`, which train_clm.py refuses.
+    from gpt2forge.cli import clm_main
+
+    argv = ["--dataset_name", "gpt2forge-no-such-set", "--dataset_config_name", "raw", "--model_type", "gpt2"]
+    assert clm_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --dataset_name gpt2forge-no-such-set: not a local path")
+    assert "pass --dataset_name DIR" in err and "--input-files" not in err
+    assert clm_main(["--train_file", str(tmp_path / "none.txt"), "--model_type", "gpt2"]) == 2
+    err = capsys.readouterr().err
+    assert f"--train_file {tmp_path / 'none.txt'}: no such file (--train_file reads" in err and "--dataset" not in err
+
+
 def test_other_models_and_accelerate_state_are_refused(tmp_path, clm_files):
     neo = tmp_path / "gpt-neo"
     neo.mkdir()

@@ -218,6 +218,25 @@ def test_seed_scripts_run_and_equal_the_same_run_in_our_flags(tmp_path, capsys, 
     assert f" iteration {3:8d}/{3:8d} | consumed samples: {samples:12d} |" in theirs  # Megatron's widths
 
 
+def test_errors_from_below_the_front_end_name_megatrons_flags(tmp_path, capsys):
+    # Seed 001's `--train-data wikipedia` used to end in `--input-files wikipedia: no such file`, a flag
+    # pretrain_gpt2.py does not take.
+    from gpt2forge.cli import megatron_main
+    from gpt2forge.train.front_end import in_own_words
+    from gpt2forge.train.megatron_args import FRONT_END
+
+    missing = str(tmp_path / "wikipedia")
+    assert megatron_main([*TINY, "--train-data", missing]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --train-data {missing}: no such file (--train-data reads files" in err and "--input" not in err
+    words = FRONT_END.own_words(["--batch-size", "1", "--mock-data"])  # the spelling typed wins
+    assert in_own_words("lower --learning-rate, clip with --max-grad-norm; reduce --batch-size, "
+                        "--gradient-accumulation or --device-iterations (--dataset generated)", words) == \
+        "lower --lr, clip with --clip-grad; reduce --batch-size, --global-batch-size or --device-iterations " \
+        "(--mock-data)"
+    assert FRONT_END.own_words(["--data-path", "x"])["--batch-size"] == "--micro-batch-size"
+
+
 def test_max_nonfinite_updates_is_taken_as_in_train_gpt2():
     values = translate(["--micro-batch-size", "1", "--mock-data", "--max-nonfinite-updates", "3"], world_size=1)
     assert values["max_nonfinite_updates"] == 3
