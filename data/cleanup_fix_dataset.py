@@ -5,7 +5,8 @@
         general_cleaning --output-path fixed/
 
 Writes `<output-path>/<name>_cleaned<ext>` (kept records) and `<name>_filtered<ext>` (removed
-records, as read) per input, both atomically. Tasks, with the seed's meanings:
+records, as read) per input, both atomically; the folder is created when missing. Megatron's
+`--log-interval` is accepted (progress is a tqdm bar). Tasks, with the seed's meanings:
 remove_512 (under 512 characters), remove_256_javascript (under 256 characters and mentioning
 javascript), remove_512_non_english (under 512 characters and not --lang, default en), ftfy_fix_text
 (ftfy's fix_text), general_cleaning (runs of spaces, and newlines after a word, become one space).
@@ -33,8 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Dataset-specific filters on cleaned loose JSON (the seed's cleanup_fix_dataset).")
     p.add_argument("--input-files", nargs="+", required=True, help="loose-JSON files to fix")
-    p.add_argument("--output-path", required=True, help="folder for <name>_cleaned<ext> and <name>_filtered<ext>")
+    p.add_argument("--output-path", required=True,
+                   help="folder for <name>_cleaned<ext> and <name>_filtered<ext> (created when missing)")
     p.add_argument("--tasks", nargs="*", default=[], choices=TASKS, help="the seed's named filters")
+    p.add_argument("--log-interval", type=int, default=100,
+                   help="accepted for Megatron's command line (its progress line every N documents); progress is a "
+                        "tqdm bar here")
     add_arguments(p, min_tokens=0)
     p.set_defaults(lang=ANY_LANGUAGE, no_fix_text=True)
     return p
@@ -60,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     apply_tasks(args)
     out_dir = Path(args.output_path)
-    if not out_dir.is_dir():
-        raise UsageError(f"--output-path {out_dir}: not a folder; create it first")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--output-path {out_dir}: a file, not a folder; name a folder (created when missing)")
+    out_dir.mkdir(parents=True, exist_ok=True)
     for name in args.input_files:
         path = Path(name)
         run_clean(name, out_dir / f"{path.stem}_cleaned{path.suffix}", args,

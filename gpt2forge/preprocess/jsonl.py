@@ -115,8 +115,9 @@ class JsonlWriter:
 def atomic_jsonl(path: str | Path) -> Iterator[JsonlWriter]:
     """A `JsonlWriter` whose file appears at `path` only if the block completes (module docstring)."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise UsageError(f"{path}: the folder {path.parent} does not exist; create it first")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UsageError(f"{path}: {path.parent} is a file, not a folder; write somewhere else")
+    path.parent.mkdir(parents=True, exist_ok=True)  # as write_atomic: an output's folder is created
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with naming(path), open(tmp, "w", encoding="utf-8") as f:

@@ -248,8 +248,8 @@ def tokenize_stage(src: Path, args: argparse.Namespace, chars: int) -> dict:
 def check_args(args: argparse.Namespace) -> None:
     problems = [f"--input {p}: no such file" for p in args.input if not Path(p).is_file()]
     problems += [f"--eval-files {p}: no such file" for p in args.eval_files or [] if not Path(p).is_file()]
-    if not Path(args.output_dir).is_dir():
-        problems.append(f"--output-dir {args.output_dir}: not a folder; create it first")
+    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        problems.append(f"--output-dir {args.output_dir}: a file, not a folder; name a folder (created when missing)")
     if not 0.0 <= args.threshold <= 1.0:
         problems.append(f"--threshold {args.threshold}: must be in [0, 1]")
     if args.workers < 0:
@@ -262,6 +262,7 @@ def prepare_corpus(args: argparse.Namespace) -> Manifest:
     """Run (or resume) every stage for the parsed command line; returns the manifest."""
     check_args(args)
     out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)  # the docs' `--output-dir out/` names a folder to create
     clean_cfg = clean.config_from_args(args)
     params = MinHashParams(args.shingle, args.ngram, args.num_seeds, args.num_bands, args.seed)
     decon_cfg = decontaminate.DecontaminateConfig(ngram=args.decontaminate_ngram, mode=args.decontaminate_mode)

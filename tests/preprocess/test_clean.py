@@ -109,11 +109,12 @@ def run_script(*args):
 
 def test_seed_command_runs_as_written_with_workers_and_skips_when_done(tmp_path):
     src = write(tmp_path / "raw.json", [{"text": EN, "url": "a"}, {"text": TR, "url": "b"}, {"text": "hi", "url": "c"}])
-    proc = run_script(src, tmp_path / "clean.json", "--workers", "2")
+    out = tmp_path / "owt" / "clean.json"  # its folder is created, as write_atomic's are
+    proc = run_script(src, out, "--workers", "2")
     assert proc.returncode == 0, proc.stderr
-    assert [json.loads(ln)["url"] for ln in (tmp_path / "clean.json").read_text().splitlines()] == ["a"]
+    assert [json.loads(ln)["url"] for ln in out.read_text().splitlines()] == ["a"]
     assert "kept 1 of 3" in proc.stdout
-    assert "skipping" in run_script(src, tmp_path / "clean.json").stdout
+    assert "skipping" in run_script(src, out).stdout
 
 
 def test_seed_command_bad_input_is_one_line_exit_2(tmp_path):
@@ -126,12 +127,17 @@ def test_seed_command_bad_input_is_one_line_exit_2(tmp_path):
 
 
 def test_seed_fix_and_blacklist_commands(tmp_path):
+    # As docs/corpus.md writes it: `--output-path fixed/` is created (with its parents); Megatron's
+    # --log-interval is taken (progress is a tqdm bar here).
     src = write(tmp_path / "clean.json", [{"text": EN, "url": "a"}, {"text": "tiny", "url": "b"}])
-    (tmp_path / "fixed").mkdir()
     fix = [sys.executable, str(ROOT / "data" / "cleanup_fix_dataset.py"), "--input-files", str(src),
-           "--tasks", "remove_512", "--output-path", str(tmp_path / "fixed")]
-    assert subprocess.run(fix, capture_output=True, timeout=60).returncode == 0
-    assert [json.loads(ln)["url"] for ln in (tmp_path / "fixed" / "clean_cleaned.json").open()] == ["a"]
+           "--tasks", "remove_512", "--output-path", f"{tmp_path / 'out' / 'fixed'}/", "--log-interval", "100"]
+    proc = subprocess.run(fix, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(ln)["url"] for ln in (tmp_path / "out" / "fixed" / "clean_cleaned.json").open()] == ["a"]
+    proc = subprocess.run([*fix[:-4], "--output-path", str(src)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr == f"error: --output-path {src}: a file, not a folder; name a " \
+                                                   "folder (created when missing)\n"
     (tmp_path / "urls").mkdir()
     (tmp_path / "urls" / "a.txt").write_text("https://example.com/story\nhttps://www.youtube.com/watch?v=1\n"
                                              "http://example.org/cat.jpg\nhttps://example.com/story\n")

@@ -99,6 +99,15 @@ def test_whole_path_removes_exactly_what_was_planted(corpus):
     assert shuffled != sorted(shuffled, key=["u0", "u1", "u2", "u3", "u5", "u6"].index)  # seed 1234 moves them
 
 
+def test_output_dir_is_created_as_the_docs_examples_expect(corpus):
+    # docs/corpus.md and README: `--output-dir out/` on a fresh folder (it used to stop: "create it first").
+    new = corpus["out"] / "a" / "b"
+    run({**corpus, "out": f"{new}/"})
+    assert (new / "manifest.json").is_file() and (new / "shuffled.jsonl").is_file()
+    with pytest.raises(UsageError, match="a file, not a folder"):
+        run({**corpus, "out": corpus["raw"][0]})
+
+
 def test_second_run_skips_every_stage_and_a_changed_setting_reruns_from_its_stage(corpus):
     run(corpus)
     assert run(corpus).skipped == list(STAGES[:-1])
