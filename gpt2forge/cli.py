@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from gpt2forge.core.errors import cli_main
+from gpt2forge.core.errors import RunError, UsageError, cli_main
 
 if TYPE_CHECKING:  # the annotation only: a console script imports only its own command
     from gpt2forge.train.front_end import FrontEnd
@@ -46,7 +46,6 @@ def _foreign_main(argv: Sequence[str] | None, translate: Callable[[Sequence[str]
     (`front_end.in_own_words`)."""
     import shlex  # lazy, as the imports below
 
-    from gpt2forge.core.errors import RunError, UsageError
     from gpt2forge.train.config import TrainConfig  # lazy: a console script imports only its own command
     from gpt2forge.train.front_end import equivalent_command, in_own_words, wants_equivalent  # lazy: as above
     from gpt2forge.train.trainer import run_training  # lazy: a console script imports only its own command
