@@ -256,4 +256,6 @@ def fused_lm_head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
     compute_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     stats, _, _ = _fused(hidden, weight, labels, vocab_size, ignore_index, chunking.rows(vocab_size),
                          chunking.vocab_chunks, str(cdt).removeprefix("torch."), compute_grad)
-    return stats[0], stats[1].detach(), stats[2].detach()
+    # The loss is a copy, not the view stats[0]: FSDP2 hooks a wrapped module's outputs for backward,
+    # and a view's in-place use would drop that hook (torch warns once per forward under --offload full).
+    return stats[0].clone(), stats[1].detach(), stats[2].detach()
