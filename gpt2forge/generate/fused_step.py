@@ -79,7 +79,7 @@ class FusedDecodeStep:
             a, m = block.attn, block.mlp
             linears = (a.c_attn, a.c_proj, m.c_fc, m.c_proj)
             if (any(x.bias is None for x in linears) or block.ln_1.weight is None or block.ln_2.weight is None
-                    or a.c_attn.weight.shape != (3 * C, C) or a.n_head != cfg.n_head):
+                    or a.c_attn.weight.shape != (3 * C, C) or a.n_head != cfg.n_head or a.window is not None):
                 return None
             params += [block.ln_1.weight, block.ln_1.bias, a.c_attn.weight, a.c_attn.bias, a.c_proj.weight,
                        a.c_proj.bias, block.ln_2.weight, block.ln_2.bias, m.c_fc.weight, m.c_fc.bias,

@@ -47,13 +47,21 @@ class _LayerKV:
                  pad: torch.Tensor, kernel: bool):
         self.k, self.v, self.slots, self.mask, self.pad, self.kernel = k, v, slots, mask, pad, kernel
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               window: int | None = None) -> torch.Tensor:
         """Store k, v (B, n_head, T, hd) in this call's slots, then attend q (B, n_head, T, hd) over
-        the whole cache (B, n_head, S, hd) under the mask; returns (B, n_head, T, hd)."""
+        the whole cache (B, n_head, S, hd) under the mask; returns (B, n_head, T, hd). `window` (a
+        GPT-Neo local layer): the query in slot i sees slots i - window < j <= i only."""
         self.k.index_copy_(2, self.slots, k)
         self.v.index_copy_(2, self.slots, v)
         keys, values = self.k, self.v
-        if self.kernel and q.shape[2] == 1:
+        mask = self.mask
+        if window is not None:  # slots are positions apart as in the padded prompt, as HF's cache counts them
+            S = keys.shape[2]
+            mask = attention_mask(self.pad, self.slots, S) if mask is None else mask
+            recent = torch.arange(S, device=q.device)[None, :] > self.slots[:, None] - window  # (T, S)
+            mask = mask & recent
+        elif self.kernel and q.shape[2] == 1:
             # One query per row (a decode step): custom_ops/decode_attention.cpp reads only the filled
             # slots, pad[b] .. slot, where SDPA reads and masks all S.
             return torch.ops.gpt2forge.decode_attention(q, keys, values, self.pad, self.slots, scale)
@@ -61,7 +69,7 @@ class _LayerKV:
             # Prefill, or decode without the library: CPU SDPA in bf16 took 235 us per decode call
             # vs 58 us in fp32 (GPT-2 small, S = 192); converting this layer's cache costs less.
             q, keys, values = q.float(), keys.float(), values.float()
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask, scale=scale).to(v.dtype)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale).to(v.dtype)
 
 
 class CachedLM(nn.Module):

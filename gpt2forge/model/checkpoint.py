@@ -36,6 +36,7 @@ from gpt2forge.core.atomic import fsync_path, replace_with_link, write_atomic
 from gpt2forge.core.errors import UsageError
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.model.gpt_neo import weights_from_neo, weights_to_neo
 
 # HF's GPT-2 uses Conv1D (weight stored as (in, out)) where we use nn.Linear ((out, in)).
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -48,31 +49,38 @@ TEMPORARY_NAME = re.compile(r"\.(?:step|epoch)_\d+\.(?:tmp|old)-(\d+)")  # a sav
 
 
 def to_hf_state_dict(model: GPT2LMHeadModel) -> dict[str, torch.Tensor]:
-    """Our state dict in HF GPT2LMHeadModel names/layouts; the tied lm_head is left out (HF re-ties)."""
+    """Our state dict in HF GPT2LMHeadModel (or GPTNeoForCausalLM) names/layouts; the tied lm_head is
+    left out (HF re-ties)."""
     V = model.config.vocab_size
+    neo = model.config.model_type == "gpt_neo"
     out = {}
     for name, t in model.state_dict().items():
         if name == "lm_head.weight":
             continue
         t = t.detach()
-        if name.endswith(CONV1D_WEIGHTS):
+        if name.endswith(CONV1D_WEIGHTS) and not neo:  # GPT-Neo's are nn.Linear, as ours
             t = t.t()
         elif name == "transformer.wte.weight":
             t = t[:V]
-        out[name] = t.contiguous().cpu()
-    return out
+        out[name] = t
+    if neo:
+        out = weights_to_neo(out)
+    return {name: t.contiguous().cpu() for name, t in out.items()}
 
 
 def from_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF weights (GPT2LMHeadModel names, or GPT2Model names without `transformer.`) -> ours,
-    with the token embedding padded to cfg.padded_vocab_size (zero rows)."""
+    """HF weights (GPT2LMHeadModel or GPTNeoForCausalLM names, or their base models' names without
+    `transformer.`) -> ours, with the token embedding padded to cfg.padded_vocab_size (zero rows)."""
+    neo = cfg.model_type == "gpt_neo"
+    if neo:
+        sd = weights_from_neo(sd)
     out = {}
     for name, t in sd.items():
         if name.endswith((".attn.bias", ".attn.masked_bias")) or name == "lm_head.weight":
             continue  # causal-mask buffers of old HF versions; the head is tied to wte
         if not name.startswith("transformer."):
             name = "transformer." + name
-        if name.endswith(CONV1D_WEIGHTS):
+        if name.endswith(CONV1D_WEIGHTS) and not neo:
             t = t.t()
         elif name == "transformer.wte.weight" and t.shape[0] < cfg.padded_vocab_size:
             pad = t.new_zeros(cfg.padded_vocab_size - t.shape[0], t.shape[1])
@@ -133,7 +141,8 @@ def load_model_config(ckpt_dir: Path, vocab_pad_multiple: int | None = None) -> 
 
 
 def load_weights(model: GPT2LMHeadModel, ckpt_dir: Path) -> None:
-    """Load model.safetensors (or an HF pytorch_model.bin) from ckpt_dir into model, strictly."""
+    """Load model.safetensors (or an HF pytorch_model.bin) from ckpt_dir into model, strictly (GPT-2
+    or GPT-Neo names and layouts, as the model's config.model_type says)."""
     path = next((ckpt_dir / f for f in WEIGHT_FILES if (ckpt_dir / f).is_file()), None)
     if path is None:
         raise UsageError(f"{ckpt_dir}: no {' or '.join(WEIGHT_FILES)}; the checkpoint is incomplete")
@@ -156,7 +165,7 @@ def load_weights(model: GPT2LMHeadModel, ckpt_dir: Path) -> None:
         detail = (f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
                   else f"shape mismatch in {bad_shape[:3]}")
         raise UsageError(f"{path}: weights do not match config.json ({detail}); "
-                         "the checkpoint is not a GPT-2 model of this shape")
+                         f"the checkpoint is not a {model.config.model_type} model of this shape")
     ours = {k: v.to(expected[k].dtype) for k, v in ours.items()}  # fp32 masters whatever the file's dtype
     model.load_state_dict(ours, strict=True, assign=True)  # the file's tensors become the parameters: no copy
     if model.lm_head is not None:

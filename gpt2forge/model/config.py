@@ -1,4 +1,6 @@
-"""The model shape: one typed config that reads and writes Hugging Face GPT-2 `config.json` files.
+"""The model shape: one typed config that reads and writes Hugging Face GPT-2 and GPT-Neo
+`config.json` files (GPT-Neo is this GPT-2 with local attention layers, unscaled scores and no q/k/v
+biases; gpt2forge.model.gpt_neo renames its keys).
 
 `config/` holds the shipped sizes (`--model gpt2-test|gpt2|gpt2-medium|gpt2-large|gpt2-xl`);
 `--model-config PATH` takes any HF GPT-2 `config.json`. Fields keep HF's names so a checkpoint's
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.model.gpt_neo import config_from_neo, config_to_neo
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "config"
 
@@ -25,6 +28,8 @@ MODEL_FILES = {
     "gpt2-xl": "config_xl.json",
 }
 
+MODEL_TYPES = ("gpt2", "gpt_neo")
+ATTENTION_TYPES = ("global", "local")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "quick_gelu", "relu", "silu")
 
 
@@ -66,6 +71,14 @@ class ModelConfig:
     """End-of-text id (<|endoftext|> = 50256 in the GPT-2 BPE)."""
     tie_word_embeddings: bool = True
     """LM head shares the token embedding matrix."""
+    model_type: str = "gpt2"
+    """The Hugging Face family the files are written as: 'gpt2' (GPT2LMHeadModel: Conv1D weights, q/k/v
+    biases) or 'gpt_neo' (GPTNeoForCausalLM: nn.Linear weights, separate q/k/v projections without biases)."""
+    attention_layers: list[str] | None = None
+    """GPT-Neo: per layer 'global' (causal) or 'local' (causal over the last window_size positions);
+    None: all global (GPT-2)."""
+    window_size: int = 256
+    """Keys a 'local' layer's query sees: itself and the window_size - 1 positions before it."""
     vocab_pad_multiple: int = 64
     """Embedding rows are padded up to a multiple of this for fast matmuls (not saved in HF files).
     Padded ids never receive probability mass and are never predicted."""
@@ -85,8 +98,36 @@ class ModelConfig:
                 problems.append(f"{name} must be in [0, 1)")
         if not self.tie_word_embeddings:
             problems.append("tie_word_embeddings must be true (GPT-2 ties the LM head to wte)")
+        problems += self._attention_problems()
         if problems:
             raise UsageError("model config: " + "; ".join(problems))
+
+    def _attention_problems(self) -> list[str]:
+        if self.model_type not in MODEL_TYPES:
+            return [f"model_type {self.model_type!r} is not supported; choose one of {', '.join(MODEL_TYPES)}"]
+        if self.model_type == "gpt2":
+            return [] if self.attention_layers is None else [
+                "attention_layers needs model_type gpt_neo (a GPT-2 config.json cannot hold it)"]
+        layers = self.attention_layers or []
+        problems = [f"attention_layers has {len(layers)} entries for {self.n_layer} layers"] * (
+            len(layers) != self.n_layer)
+        problems += [f"attention type {t!r} is unknown; choose global or local"
+                     for t in sorted(set(layers) - set(ATTENTION_TYPES))]
+        problems += ["window_size must be >= 1"] * (self.window_size < 1)
+        if self.scale_attn_weights or self.scale_attn_by_inverse_layer_idx:
+            problems.append("gpt_neo does not scale attention scores (scale_attn_weights must be false)")
+        return problems
+
+    def attention_window(self, layer_idx: int) -> int | None:
+        """Keys a query of layer `layer_idx` sees back from itself (window_size for a 'local' layer), or
+        None: all earlier positions."""
+        local = self.attention_layers is not None and self.attention_layers[layer_idx] == "local"
+        return self.window_size if local else None
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the q/k/v projection (c_attn) has a bias: GPT-2's has, GPT-Neo's has not."""
+        return self.model_type == "gpt2"
 
     @property
     def padded_vocab_size(self) -> int:
@@ -106,7 +147,7 @@ class ModelConfig:
     def block_params(self) -> int:
         """Parameters of one block: two LayerNorms, attention (qkv, proj) and MLP (fc, proj)."""
         C, F = self.n_embd, self.inner_dim
-        return 2 * 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + (C * F + F) + (F * C + C)
+        return 2 * 2 * C + (C * 3 * C + 3 * C * self.qkv_bias) + (C * C + C) + (C * F + F) + (F * C + C)
 
     def num_params(self, include_wpe: bool = True) -> int:
         """Parameter count of the unpadded model (tied head counted once)."""
@@ -122,19 +163,24 @@ class ModelConfig:
     # -- Hugging Face config.json ------------------------------------------------------------------
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """A `config.json` dict that `transformers.GPT2Config` / `from_pretrained` accept."""
+        """A `config.json` dict that `transformers.GPT2Config` (or GPTNeoConfig) / `from_pretrained` accept."""
         d = dataclasses.asdict(self)
-        d.pop("vocab_pad_multiple")
+        if self.model_type == "gpt_neo":
+            return config_to_neo(d)
+        for name in ("vocab_pad_multiple", "attention_layers", "window_size"):
+            d.pop(name)
         d.update(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=self.n_positions)
         return d
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config") -> ModelConfig:
-        """Build from an HF GPT-2 config dict; unknown HF keys are ignored, a non-GPT-2 type refused."""
+        """Build from an HF GPT-2 or GPT-Neo config dict; unknown HF keys are ignored, other types refused."""
         model_type = d.get("model_type", "gpt2")
-        if model_type != "gpt2":
-            raise UsageError(f"{source}: model_type is {model_type!r}, not 'gpt2'; "
-                             "pass a GPT-2 config.json")
+        if model_type not in MODEL_TYPES:
+            raise UsageError(f"{source}: model_type is {model_type!r}; pass a GPT-2 (gpt2) or GPT-Neo (gpt_neo) "
+                             "config.json")
+        if model_type == "gpt_neo":
+            d = config_from_neo(d)
         if d.get("reorder_and_upcast_attn"):
             raise UsageError(f"{source}: reorder_and_upcast_attn=true is not supported; set it to false")
         names = {f.name for f in dataclasses.fields(cls)}

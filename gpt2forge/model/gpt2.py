@@ -1,4 +1,5 @@
-"""GPT-2 in plain PyTorch.
+"""GPT-2 in plain PyTorch, and GPT-Neo as a configuration of it (local attention layers, unscaled
+scores, no q/k/v biases: gpt2forge.model.gpt_neo).
 
 Parameter names are Hugging Face's (`transformer.wte`, `transformer.h.{i}.attn.c_attn`, `lm_head`,
 ...), so checkpoints map one to one onto `transformers.GPT2LMHeadModel` (HF's Conv1D stores its
@@ -95,14 +96,24 @@ _ACTIVATIONS = {
 }
 
 
+def window_mask(queries: int, keys: int, window: int, device: torch.device) -> torch.Tensor:
+    """(queries, keys) bool, True = attend: the queries are the last `queries` of `keys` positions, and
+    query i sees key j when i - window < j <= i (GPT-Neo's local attention: itself and window - 1 before)."""
+    i = torch.arange(keys - queries, keys, device=device)[:, None]  # (queries, 1)
+    j = torch.arange(keys, device=device)[None, :]  # (1, keys)
+    return (j <= i) & (j > i - window)
+
+
 class Attention(nn.Module):
-    """Causal multi-head self-attention with fused q/k/v projection (SDPA kernel)."""
+    """Causal multi-head self-attention with fused q/k/v projection (SDPA kernel); a local layer
+    (`window`, GPT-Neo) sees only the last `window` positions."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         C = cfg.n_embd
         self.n_head = cfg.n_head
-        self.c_attn = nn.Linear(C, 3 * C)
+        self.window = cfg.attention_window(layer_idx)
+        self.c_attn = nn.Linear(C, 3 * C, bias=cfg.qkv_bias)
         self.c_proj = nn.Linear(C, C)
         self.resid_dropout = Dropout(cfg.resid_pdrop)
         self.attn_pdrop = cfg.attn_pdrop
@@ -123,7 +134,10 @@ class Attention(nn.Module):
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)  # -1: a TP shard's heads
         dropout_p = self.attn_pdrop if self.training else 0.0
         if kv is not None:
-            y = kv.attend(q, k, v, self.scale)
+            y = kv.attend(q, k, v, self.scale, self.window)
+        elif self.window is not None:
+            y = self._local_attention(q, k, v, documents, last, dropout_p)
+            T = y.shape[2]
         elif documents is not None:
             y = self._document_attention(q, k, v, documents, dropout_p)
         elif last is not None:
@@ -138,6 +152,20 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, n_head, T, hd) -> (B, T, n_head * hd)
         return self.resid_dropout(self.c_proj(y))
+
+    def _local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: DocumentMask | None,
+                         last: int | None, dropout_p: float) -> torch.Tensor:
+        """Windowed causal attention of q, k, v (B, n_head, T, hd) -> (B, n_head, T or last, hd): SDPA under
+        a dense window mask (T, T), within each document when packed. On CUDA too: no FlexAttention
+        sliding-window block mask yet, so the dense mask costs T^2 bools per layer and SDPA's
+        masked kernels (not flash)."""
+        T = k.shape[2]
+        if last is not None:
+            q = q[:, :, T - last:]
+        mask = window_mask(q.shape[2], T, self.window, q.device)  # (Tq, T)
+        if documents is not None:
+            mask = mask & (documents.dense if documents.dense is not None else dense_document_mask(documents.ids))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
 
     def _document_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: DocumentMask,
                             dropout_p: float) -> torch.Tensor:
