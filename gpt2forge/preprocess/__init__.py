@@ -13,6 +13,7 @@ Megatron mmap).
 - `urls`: the URL blacklist rules (data/blacklist_urls.py).
 - `prepare`: the whole corpus path in one resumable command with a manifest (data/prepare_corpus.py).
 - `megatron`: loose JSON -> `<prefix>_text_document.{bin,idx}` and merging (gpt2forge.data.indexed).
+- `recipe`: what an indexed dataset was made from (input identity, tokenizer), kept beside it.
 - `wikipedia`: WikiExtractor output -> `.pkl`; OpenWebText tarballs -> loose JSON.
 - `tfrecords`: pickle or mmap -> TFRecord shards + `.index` files.
 - `bpe`: training a byte-level BPE tokenizer on any corpus.

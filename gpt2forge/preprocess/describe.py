@@ -15,6 +15,8 @@ import numpy as np
 from gpt2forge.core.errors import UsageError
 from gpt2forge.data.indexed import IndexedDataset, exists
 from gpt2forge.data.safe_pickle import safe_load
+from gpt2forge.preprocess.engine import TokenizerSpec
+from gpt2forge.preprocess.recipe import recorded_tokenizer
 from gpt2forge.text.tokenizer import load_tokenizer
 
 
@@ -30,6 +32,8 @@ class Summary:
     min_id: int
     max_id: int
     sample: np.ndarray
+    tokenizer: TokenizerSpec | None = None
+    """The tokenizer that made the ids, where recorded (`preprocess_data.py`'s `<prefix>.source.json`)."""
 
     def lines(self) -> list[str]:
         return [f"file: {self.path}", f"format: {self.format}",
@@ -56,7 +60,7 @@ def _mmap(prefix: str) -> Summary:
     _, tokens, lo, hi, _ = _ranges(ds.token_chunks())
     first = next((d for d in ds.documents() if d.size), np.zeros(0, ds.dtype))
     return Summary(prefix, f"Megatron mmap ({len(ds)} sequences)", ds.num_documents, tokens,
-                   str(ds.dtype), lo, hi, first[:1024].astype(np.int64))
+                   str(ds.dtype), lo, hi, first[:1024].astype(np.int64), recorded_tokenizer(prefix))
 
 
 def _tfrecord(path: Path) -> Summary:
@@ -101,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "vocabulary range, and the decoded start of one document.")
     parser.add_argument("path", help="data file or Megatron prefix (without .bin/.idx)")
     parser.add_argument("--tokenizer-name-or-path", default=None,
-                        help="tokenizer folder for decoding (default: GPT-2 when the ids fit it)")
+                        help="tokenizer folder for decoding (default: the one recorded beside the data, "
+                             "else GPT-2 when the ids fit it)")
     parser.add_argument("--sample-tokens", type=int, default=64,
                         help="tokens of the sample to decode (0: none; default 64)")
     return parser
@@ -115,7 +120,15 @@ def inspect_main(args: argparse.Namespace) -> Summary:
     ids = summary.sample[: args.sample_tokens].tolist()
     if not ids:
         return summary
-    tok = load_tokenizer(args.tokenizer_name_or_path)
+    if args.tokenizer_name_or_path is None and summary.tokenizer is not None:
+        try:  # the tokenizer that made the ids, never GPT-2's vocabulary in its place
+            tok = summary.tokenizer.load()
+        except UsageError as exc:
+            print(f"sample: not decoded (the data was made with a tokenizer that does not load here: {exc}; "
+                  f"pass --tokenizer-name-or-path)")
+            return summary
+    else:
+        tok = load_tokenizer(args.tokenizer_name_or_path)
     if summary.max_id >= tok.vocab_size:
         print(f"sample: not decoded (ids reach {summary.max_id}, beyond {tok.name}'s "
               f"{tok.vocab_size}; pass --tokenizer-name-or-path)")

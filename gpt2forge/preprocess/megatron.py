@@ -3,7 +3,7 @@
 Flags follow Megatron-LM's `tools/preprocess_data.py` so its README commands run unchanged;
 the output is `<output-prefix>_<json-key>_document.{bin,idx}`, as that tool writes it: one sequence
 per document, or per sentence when the text is a list of sentences; an empty text keeps its empty
-document entry.
+document entry. Beside it, `<prefix>.source.json` records the input and tokenizer (gpt2forge.preprocess.recipe).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tqdm import tqdm
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype, exists
 from gpt2forge.preprocess.engine import Stats, TokenizerSpec, check_eod, chunk_records, encode_chunks
+from gpt2forge.preprocess.recipe import check_same_input, recipe_path, write_recipe
 
 TOKENIZER_TYPES = ("GPT2BPETokenizer", "PretrainedFromHF")
 
@@ -63,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="field holding the text (default: text)")
     parser.add_argument("--output-prefix", required=True,
                         help="output path prefix; _<json-key>_document.{bin,idx} is appended")
-    parser.add_argument("--dataset-impl", choices=("mmap",), default="mmap",
-                        help="only mmap (Megatron's default) is written")
+    parser.add_argument("--dataset-impl", choices=("mmap", "lazy", "cached"), default="mmap",
+                        help="mmap (Megatron's default) is what is written; Megatron's old lazy and "
+                             "cached formats are accepted and written as mmap, with a notice")
     add_tokenizer_args(parser)
     parser.add_argument("--append-eod", action="store_true",
                         help="append the end-of-document token to every document")
@@ -123,9 +125,15 @@ def preprocess_data(args: argparse.Namespace) -> Stats | None:
         None if args.workers >= 1 else f"--workers must be at least 1, got {args.workers}",
         None if args.chunk_size >= 1 else f"--chunk-size must be at least 1, got {args.chunk_size}",
     ) if m])
+    if args.dataset_impl != "mmap":
+        print(f"--dataset-impl {args.dataset_impl}: mmap replaces Megatron's lazy and cached formats (every "
+              f"reader here takes mmap); writing mmap")
     prefix = f"{args.output_prefix}_{args.json_key}_document"
+    if not args.overwrite and is_complete(prefix):
+        check_same_input(prefix, src)  # stale output made from another input is not "complete"
     if skip_existing(prefix, args.overwrite):
         return None
+    recipe_path(prefix).unlink(missing_ok=True)  # a rebuild's old record would describe other data
     spec = tokenizer_spec(args)
     tok = check_eod(spec, args.append_eod)
     dtype = best_dtype(tok.vocab_size)
@@ -139,7 +147,8 @@ def preprocess_data(args: argparse.Namespace) -> Stats | None:
             writer.add_documents_flat(enc.tokens, enc.sizes, enc.doc_sequences)
             stats.add(enc)
             bar.set_postfix(docs=stats.documents, tokens=stats.tokens, refresh=False)
-    print(f"wrote {prefix}.bin/.idx ({dtype}, tokenizer {tok.name}, vocab {tok.vocab_size})")
+    write_recipe(prefix, src, args.json_key, args.append_eod, spec, tok)
+    print(f"wrote {prefix}.bin/.idx ({dtype}, tokenizer {tok.name}, vocab {tok.vocab_size}) and {recipe_path(prefix)}")
     print(stats.line())
     return stats
 

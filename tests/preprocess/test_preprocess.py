@@ -24,7 +24,8 @@ from tqdm import tqdm
 from gpt2forge.core.errors import UsageError
 from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype
 from gpt2forge.preprocess import megatron, tfrecords, wikipedia
-from gpt2forge.preprocess.describe import describe
+from gpt2forge.preprocess.describe import build_parser as inspect_parser
+from gpt2forge.preprocess.describe import describe, inspect_main
 from gpt2forge.text import vocab
 from gpt2forge.text.tokenizer import GPT2Tokenizer, HFTokenizer, load_tokenizer
 
@@ -177,7 +178,35 @@ def test_resumable_and_interrupted_runs(tmp_path, capsys):
     with pytest.raises(UsageError, match=r"bad.jsonl:7: not valid JSON"):
         megatron.preprocess_data(_args(input=bad, prefix=tmp_path / "b", extra=["--workers", "2"]))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "bad.jsonl", "c.jsonl", "r_text_document.bin", "r_text_document.idx"]
+        "bad.jsonl", "c.jsonl", "r_text_document.bin", "r_text_document.idx", "r_text_document.source.json"]
+
+
+@needs_vocab
+def test_rerun_into_a_prefix_made_from_other_input_is_refused(tmp_path, capsys):
+    """Issue 46 item 10: another --input into a complete prefix was "nothing to do" (stale data used as new)."""
+    first, other = _jsonl(tmp_path / "c.jsonl"), _jsonl(tmp_path / "d.jsonl", DOCS[:2])
+    megatron.preprocess_data(_args(input=first, prefix=tmp_path / "r", extra=["--workers", "1"]))
+    with pytest.raises(UsageError, match=r"made from another file .*c.jsonl.*not --input .*d.jsonl.* pass another "
+                                         r"--output-prefix, or --overwrite to rebuild") as err:
+        megatron.preprocess_data(_args(input=other, prefix=tmp_path / "r", extra=["--workers", "1"]))
+    assert "\n" not in str(err.value)
+    assert megatron.preprocess_data(_args(input=first, prefix=tmp_path / "r", extra=["--workers", "1"])) is None
+    os.utime(first, ns=(0, 0))  # the same file, changed since
+    with pytest.raises(UsageError, match="made from the same path, since changed"):
+        megatron.preprocess_data(_args(input=first, prefix=tmp_path / "r", extra=["--workers", "1"]))
+    stats = megatron.preprocess_data(_args(input=other, prefix=tmp_path / "r", extra=["--workers", "1", "--overwrite"]))
+    assert stats.documents == 2 and len(IndexedDataset(tmp_path / "r_text_document")) == 2
+    assert megatron.preprocess_data(_args(input=other, prefix=tmp_path / "r", extra=["--workers", "1"])) is None
+
+
+@needs_vocab
+@pytest.mark.parametrize("impl", ["lazy", "cached"])
+def test_megatron_old_dataset_impls_are_written_as_mmap_with_one_line(tmp_path, capsys, impl):
+    src = _jsonl(tmp_path / "c.jsonl")
+    capsys.readouterr()
+    megatron.preprocess_data(_args(input=src, prefix=tmp_path / "r", extra=["--workers", "1", "--dataset-impl", impl]))
+    assert f"--dataset-impl {impl}: mmap replaces Megatron's lazy and cached formats" in capsys.readouterr().out
+    assert len(IndexedDataset(tmp_path / "r_text_document")) == 4
 
 
 @needs_vocab
@@ -194,7 +223,7 @@ def test_merge_concatenates(tmp_path):
     assert [m[i].tolist() for i in range(len(m))] == [a[i].tolist() for i in range(len(a))] * 2
 
 
-def test_trained_tokenizer_loads_and_preprocesses(tmp_path):
+def test_trained_tokenizer_loads_and_preprocesses(tmp_path, capsys):
     corpus = tmp_path / "tr.txt"
     corpus.write_text("\n".join([TURKISH] * 20), encoding="utf-8")
     out = tmp_path / "tr-bpe"
@@ -212,6 +241,13 @@ def test_trained_tokenizer_loads_and_preprocesses(tmp_path):
         "--append-eod", "--workers", "2"]))
     ds = IndexedDataset(tmp_path / "tr_text_document", vocab_size=300)
     assert stats.documents == 3 and ds[2].tolist() == ids + [0] and ds.dtype == np.uint16
+    # inspect_data.py decodes with the recorded tokenizer, not GPT-2's vocabulary; gone, it says so.
+    capsys.readouterr()
+    inspect_main(inspect_parser().parse_args([str(tmp_path / "tr_text_document"), "--sample-tokens", "1000"]))
+    assert f"sample ({len(ids) + 1} tokens, {tok.name}): {tok.decode(ids + [0])!r}" in capsys.readouterr().out
+    shutil.rmtree(out)
+    inspect_main(inspect_parser().parse_args([str(tmp_path / "tr_text_document")]))
+    assert "sample: not decoded (the data was made with a tokenizer that does not load here" in capsys.readouterr().out
 
 
 @needs_vocab
