@@ -40,6 +40,7 @@ from typing import Any
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import str_to_bool
+from gpt2forge.model.config import MODEL_TYPES, ModelConfig
 from gpt2forge.text.tokenizer import HF_FILE, is_gpt2_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
 from gpt2forge.train.config import TrainConfig
@@ -174,6 +175,8 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
     """
     flagged, _ = FRONT_END.parse(argv)
     values: dict[str, Any] = {**CLM_DEFAULTS, **flagged}
+    if world_size is None:
+        _one_accelerate_process_notice()
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     values["replication_factor"] = world_size  # one replica per process, as accelerate's DDP
     _data(values)
@@ -188,6 +191,17 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
 
 def parse_args(argv: Sequence[str], world_size: int | None = None) -> TrainConfig:
     return TrainConfig.from_flat(translate(argv, world_size))
+
+
+def _one_accelerate_process_notice() -> None:
+    """`accelerate launch --num_processes N` (N > 1) without GPUs takes its simple launcher: one process,
+    given MASTER_ADDR but no WORLD_SIZE (accelerate 1.x has no --multi_cpu launch flag; CPU processes
+    come from an mpirun hostfile). Say so in one line instead of training alone silently."""
+    env = os.environ
+    if "ACCELERATE_MIXED_PRECISION" in env and "MASTER_ADDR" in env and "WORLD_SIZE" not in env:
+        log.notice("accelerate launch started one process here (without GPUs its --num_processes N starts one "
+                   "unless given --mpirun_hostfile); for N processes on this machine run torchrun "
+                   "--nproc_per_node N train_clm.py ...")
 
 
 def _data(values: dict) -> None:
@@ -232,8 +246,8 @@ def _hub_cache(repo_id: str) -> Path | None:
         return None
 
 
-def _gpt2_config(path: Path, flag_name: str) -> dict:
-    """A GPT-2 config.json's content (UsageError, one line, for anything else)."""
+def _model_positions(path: Path, flag_name: str) -> int:
+    """The positions of a GPT-2 or GPT-Neo config.json (UsageError, one line, for anything else)."""
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -241,10 +255,11 @@ def _gpt2_config(path: Path, flag_name: str) -> dict:
                          "written by save_pretrained") from None
     if not isinstance(config, dict):
         raise UsageError(f"{flag_name} {path}: not a model config (a JSON object)")
-    if config.get("model_type", "gpt2") != "gpt2":
-        raise UsageError(f"{flag_name} {path}: model_type {config['model_type']!r}; this trainer trains GPT-2 "
-                         "(model_type gpt2), whose nn.Linear layers K-FAC preconditions")
-    return config
+    model_type = config.get("model_type", "gpt2")
+    if model_type not in MODEL_TYPES:
+        raise UsageError(f"{flag_name} {path}: model_type {model_type!r}; this trainer trains GPT-2 (gpt2) and "
+                         "GPT-Neo (gpt_neo), whose nn.Linear layers K-FAC preconditions")
+    return ModelConfig.from_hf_dict(config, source=f"{flag_name} {path}").n_positions
 
 
 def _model(values: dict) -> int:
@@ -253,12 +268,12 @@ def _model(values: dict) -> int:
     positions = 1024  # GPT2Config()'s, the model run_clm builds from --model_type gpt2
     if config is not None:
         path = Path(config) if Path(config).is_file() else resolve_model_folder(config, "--config_name") / "config.json"
-        positions = _gpt2_config(path, "--config_name").get("n_positions", positions)
+        positions = _model_positions(path, "--config_name")
         values["model_config"] = str(path)
         values["max_position_embeddings"] = positions  # a new model keeps its config's position table
     if model is not None:
         folder = resolve_model_folder(model, "--model_name_or_path")
-        positions = _gpt2_config(folder / "config.json", "--model_name_or_path").get("n_positions", positions)
+        positions = _model_positions(folder / "config.json", "--model_name_or_path")
         values["checkpoint_input_dir"] = str(folder)
         if tokenizer is None and _own_tokenizer(folder):
             tokenizer = str(folder)

@@ -435,3 +435,30 @@ def test_reference_command_line_parses():
     assert args.fp16 is True and args.poptorch_loop is True and args.layers_per_ipu == [1, 7, 8, 8]
     assert (args.topk, args.temperature, args.repetition_penalty, args.batch_size) == (4, 1.2, 2.0, 2)
     assert build_parser().parse_args(["--bf16"]).bf16 is True
+
+
+def test_gpt_neo_greedy_equals_transformers_generate():
+    """A GPT-Neo (local layers of window 4, shorter than prompt + new tokens): the cache's window
+    mask over slots gives transformers' tokens, batched with left padding and prompt by prompt."""
+    from gpt2forge.model.checkpoint import from_hf_state_dict
+
+    torch.manual_seed(0)
+    hf_cfg = transformers.GPTNeoConfig(vocab_size=101, max_position_embeddings=48, hidden_size=32, num_layers=2,
+                                       num_heads=2, attention_types=[[["local", "global"], 1]], window_size=4,
+                                       bos_token_id=0, eos_token_id=0)
+    hf = transformers.GPTNeoForCausalLM(hf_cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn(p.shape) * 0.3)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    cfg = ModelConfig.from_hf_dict(hf_cfg.to_dict())
+    cfg.vocab_pad_multiple = 16
+    model = GPT2LMHeadModel(cfg).eval()
+    model.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg), strict=True)
+    n = 12
+    batched = Generator(model, batch_size=len(PROMPTS), max_len=24).generate(PROMPTS, n, GREEDY).tokens
+    assert batched == hf_greedy(hf, PROMPTS, n)
+    single = Generator(model, batch_size=1, max_len=24)
+    for p in PROMPTS:
+        assert single.generate([p], n, GREEDY).tokens[0] == hf_greedy(hf, [p], n)[0]

@@ -185,11 +185,12 @@ def test_errors_from_below_the_front_end_name_run_clms_flags(tmp_path, capsys):
 
 
 def test_other_models_and_accelerate_state_are_refused(tmp_path, clm_files):
-    neo = tmp_path / "gpt-neo"
-    neo.mkdir()
-    (neo / "config.json").write_text(json.dumps({"model_type": "gpt_neo"}))
-    with pytest.raises(UsageError, match="gpt-neo/config.json: model_type 'gpt_neo'"):
-        translate(["--train_file", str(clm_files["train"]), "--model_name_or_path", str(neo)], world_size=1)
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(UsageError, match="llama/config.json: model_type 'llama'; this trainer trains GPT-2 "
+                                         r"\(gpt2\) and GPT-Neo \(gpt_neo\)"):
+        translate(["--train_file", str(clm_files["train"]), "--model_name_or_path", str(llama)], world_size=1)
     saved = tmp_path / "step_100"
     saved.mkdir()
     (saved / "random_states_0.pkl").write_bytes(b"\x80\x04N.")
@@ -250,15 +251,19 @@ def test_torchrun_two_replicas_equal_one_process(clm_files, one_process_run, tmp
 
 
 @pytest.mark.slow
-def test_accelerate_launch_runs_it_with_its_precision(clm_files, tmp_path):
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_accelerate_launch_runs_it_with_its_precision(clm_files, tmp_path, processes):
     """Under `accelerate launch` the script starts and takes the launcher's precision (the run itself
-    is the one process's run above: --print-equivalent stops before training)."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
-           "--mixed_precision", "bf16", "--dynamo_backend", "no", str(REPO / "train_clm.py"),
+    is the one process's run above: --print-equivalent stops before training). Without GPUs,
+    `--num_processes 2` starts one process: that is said in one line (issue 46 item 10), not silent."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", processes,
+           "--num_machines", "1", "--mixed_precision", "bf16", "--dynamo_backend", "no", str(REPO / "train_clm.py"),
            *_argv(clm_files, tmp_path / "acc", "--max_train_steps", "1"), "--print-equivalent"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--precision bf16" in done.stdout, done.stdout
+    alone = "notice: accelerate launch started one process here (without GPUs its --num_processes N starts one"
+    assert (alone in done.stderr) == (processes == "2"), done.stderr[-3000:]
 
 
 def test_docs_show_every_flag():
@@ -289,3 +294,35 @@ def test_seed_002_wikitext_job_on_a_local_datasets_copy(eval_data, clm_files, tm
     assert "train 4140 records" in text and "validation 218 records" in text  # 5% of 4,358 lines validate
     _eval_line(text)
     assert (tmp_path / "run" / "model.safetensors").is_file() and (tmp_path / "run" / "step_2").is_dir()
+
+
+@pytest.mark.slow
+def test_seed_002_trains_a_local_gpt_neo_folder(clm_files, tmp_path, capsys):
+    """Seed 002's model family: a tiny GPT-Neo folder (save_pretrained; a local layer whose window, 8, is
+    shorter than the 32-token blocks) trains with K-FAC on its nn.Linear layers, and the folder the run
+    leaves opens in transformers' GPTNeoForCausalLM with our logits."""
+    from gpt2forge.cli import clm_main
+    from gpt2forge.model.checkpoint import load_model
+
+    neo = tmp_path / "tiny-gpt-neo"
+    torch.manual_seed(0)
+    config = transformers.GPTNeoConfig(vocab_size=50257, max_position_embeddings=64, hidden_size=32, num_layers=2,
+                                       num_heads=2, attention_types=[[["global", "local"], 1]], window_size=8)
+    start = transformers.GPTNeoForCausalLM(config).eval()
+    start.save_pretrained(neo)
+    argv = _argv(clm_files, tmp_path / "run", "--max_train_steps", "2", "--kfac", "--kfac-factor-update-steps", "1",
+                 "--kfac-inv-update-steps", "1")
+    argv[argv.index(str(clm_files["model"]))] = str(neo)
+    assert clm_main(argv) == 0
+    text = capsys.readouterr().out
+    assert text.count(" of epoch ") == 2
+    _eval_line(text)
+    trained = transformers.GPTNeoForCausalLM.from_pretrained(tmp_path / "run").eval()
+    assert trained.config.attention_layers == ["global", "local"] and trained.config.window_size == 8
+    ours = load_model(tmp_path / "run").eval()
+    assert ours.transformer.h["1"].attn.window == 8 and ours.transformer.h["1"].attn.c_attn.bias is None
+    x = torch.randint(0, 50257, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = trained(x).logits
+        torch.testing.assert_close(ours(x)[..., :50257], theirs, rtol=1e-5, atol=1e-5)
+        assert (start(x).logits - theirs).abs().max() > 1e-4  # the weights did change
