@@ -122,3 +122,20 @@ def test_saved_folder_opens_in_transformers_with_the_same_logits(folder, tmp_pat
             torch.testing.assert_close(hf(x).logits, ours, rtol=1e-5, atol=1e-5)
         with torch.no_grad():
             torch.testing.assert_close(load_model(path).eval()(x)[..., :V], ours)
+
+
+def test_gpt_neo_125m_config_reads_with_transformers_parameter_count():
+    """EleutherAI/gpt-neo-125m's config.json (its keys as the hub has them): our shape and parameter
+    count (no q/k/v biases) equal transformers' model of it."""
+    hub = {"activation_function": "gelu_new", "architectures": ["GPTNeoForCausalLM"], "attention_dropout": 0,
+           "attention_layers": ["global", "local"] * 6, "attention_types": [[["global", "local"], 6]],
+           "bos_token_id": 50256, "embed_dropout": 0, "eos_token_id": 50256, "gradient_checkpointing": False,
+           "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": None, "layer_norm_epsilon": 1e-05,
+           "max_position_embeddings": 2048, "model_type": "gpt_neo", "num_heads": 12, "num_layers": 12,
+           "resid_dropout": 0, "summary_activation": None, "summary_first_dropout": 0.1, "use_cache": True,
+           "vocab_size": 50257, "window_size": 256}
+    cfg = ModelConfig.from_hf_dict(hub)
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_positions, cfg.window_size, cfg.attn_pdrop) == (12, 768, 2048, 256, 0)
+    with torch.device("meta"):
+        theirs = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**cfg.to_hf_dict()))
+    assert cfg.num_params() == theirs.num_parameters() == 125_198_592
