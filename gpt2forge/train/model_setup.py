@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import UsageError
+from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.runtime import GiB, available_host_memory
 from gpt2forge.generate.generator import sample
 from gpt2forge.model.checkpoint import load_model, load_model_config, resolve_checkpoint_dir
@@ -44,6 +44,7 @@ def resolve_model_config(cfg: TrainConfig) -> tuple[ModelConfig, Path | None]:
                              f"{ckpt}; use --max-len {mcfg.n_positions} or less")
         if cfg.arch.model_config:
             log.notice(f"--model-config is ignored: the checkpoint {ckpt} brings its own config.json")
+        refuse_contradicting_shape(mcfg, cfg.arch, ckpt)
         return apply_dropout_overrides(mcfg, cfg.arch), ckpt
     mcfg = ModelConfig.from_json(cfg.arch.model_config) if cfg.arch.model_config else ModelConfig.preset(cfg.arch.model)
     mcfg = apply_shape_overrides(mcfg, cfg.arch)
@@ -67,6 +68,22 @@ def apply_shape_overrides(mcfg: ModelConfig, arch: ModelArgs) -> ModelConfig:
         raise UsageError(f"hidden size {width} is not divisible by the number of attention heads {heads}; change "
                          "--hidden-size or --num-attention-heads")
     return dataclasses.replace(mcfg, **changes)
+
+
+def refuse_contradicting_shape(mcfg: ModelConfig, arch: ModelArgs, ckpt: Path) -> None:
+    """UsageError, one line per flag, when a shape flag (--num-layers, --hidden-size,
+    --num-attention-heads, --ffn-hidden-size, --max-position-embeddings) differs from the checkpoint
+    the run loads: the checkpoint's shape is what trains, so a contradicting flag is never dropped
+    silently. Equal values (a seed's full command line resuming its own run) pass."""
+    collect([f"--{flag} {value} contradicts the checkpoint {ckpt}: its {field} is {have}; drop the flag or "
+             f"pass {have} (a checkpoint brings its own shape)"
+             for flag, field, value, have in (
+                 ("num-layers", "n_layer", arch.num_layers, mcfg.n_layer),
+                 ("hidden-size", "n_embd", arch.hidden_size, mcfg.n_embd),
+                 ("num-attention-heads", "n_head", arch.num_attention_heads, mcfg.n_head),
+                 ("ffn-hidden-size", "n_inner", arch.ffn_hidden_size, mcfg.inner_dim),
+                 ("max-position-embeddings", "n_positions", arch.max_position_embeddings, mcfg.n_positions))
+             if value is not None and value != have])
 
 
 def checkpoint_model_config(cfg: TrainConfig) -> tuple[Path, ModelConfig]:

@@ -270,3 +270,20 @@ def test_kfac_flags_reach_the_same_config_fields():
                       "--kfac-inv-update-steps", "50", "--kfac-compute-method", "inverse"], world_size=1)
     assert (cfg.kfac.kfac, cfg.kfac.kfac_factor_update_steps, cfg.kfac.kfac_inv_update_steps,
             cfg.kfac.kfac_compute_method) == (True, 5, 50, "inverse")
+
+
+def test_load_with_shape_flags_that_contradict_the_checkpoint_is_one_line(tmp_path, capsys):
+    # Issue 46 item 10: --load of a 2-layer checkpoint with --num-layers 3 trained the 2 layers silently.
+    from gpt2forge.cli import megatron_main
+
+    run = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "8",
+           "--max-position-embeddings", "8", "--micro-batch-size", "1", "--train-iters", "1", "--log-interval", "1",
+           "--eval-interval", "100", "--eval-iters", "1", "--num-workers", "0", "--mock-data",
+           "--save", str(tmp_path / "ckpt"), "--save-interval", "1"]
+    assert megatron_main(run) == 0
+    again = [*run, "--load", str(tmp_path / "ckpt"), "--train-iters", "2"]
+    assert megatron_main([*again, "--num-layers", "3", "--hidden-size", "48"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --num-layers 3 contradicts the checkpoint ")
+    assert "its n_layer is 2;" in err[0] and "--hidden-size 48 contradicts" in err[0] and "n_embd is 32" in err[0]
+    assert megatron_main(again) == 0  # the seeds' lines: the same shape flags resume their own run
