@@ -3,12 +3,17 @@
 # builds the custom ops library (the first target, as in the reference).
 #
 # CUDA users: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" train
+# Another torch and Python, in a venv of its own (the default .venv is untouched):
+#   make test PYTHON_SYS=python3.12 TORCH_SPEC=torch==2.11.0 VENV=.venv-torch2.11
 PYTHON_SYS ?= python3
-VENV       := .venv
+VENV       ?= .venv
 PY         := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
-OPS_LIB    := build/custom_ops/gpt2forge_ops.so
+# The library is built against one torch's ABI, so each venv has its own: build/custom_ops for .venv,
+# build/<venv name>/custom_ops for another (gpt2forge.ops.library.library_path derives the same from the interpreter).
+OPS_DIR    := build/$(if $(filter .venv,$(notdir $(VENV))),,$(notdir $(VENV))/)custom_ops
+OPS_LIB    := $(OPS_DIR)/gpt2forge_ops.so
 OPS_SRC    := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h)
 VOCAB      := gpt2forge/assets/gpt2.tiktoken
 CORPUS     := build/stdlib_docs.pkl
@@ -92,7 +97,7 @@ bench: setup
 	$(PY) -m gpt2forge.benchmark --spec benchmarks.yml --benchmark $(BENCH) $(BENCH_ARGS)
 
 clean:
-	test -x $(PY) && $(PY) -m gpt2forge.ops.build clean --out-dir build/custom_ops || rm -f $(OPS_LIB)
+	test -x $(PY) && $(PY) -m gpt2forge.ops.build clean --out-dir $(OPS_DIR) || rm -f $(OPS_LIB)
 
 distclean: clean
 	rm -rf $(VENV) build gpt2forge/assets

@@ -1,6 +1,7 @@
 """Custom C++/CUDA ops: load the library, and the PyTorch references its ops must match.
 
-One shared library, `build/custom_ops/gpt2forge_ops.so` (built by `make` through `gpt2forge.ops.build`),
+One shared library, `build/custom_ops/gpt2forge_ops.so` (built by `make` through `gpt2forge.ops.build`;
+another venv's is `build/<venv name>/custom_ops/`),
 registers its ops as `torch.ops.gpt2forge.<name>`. `load_custom_ops()` is the one loader. Every op
 has a pure-PyTorch reference with the same argument checks: it is the fallback when the library is
 not built (a one-line notice says so) and the oracle of the op's parity test in
@@ -19,6 +20,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LIBRARY_NAME = "gpt2forge_ops.so"
 LIBRARY_ENV = "GPT2FORGE_OPS_LIB"
+DEFAULT_VENV = ".venv"  # the Makefile's VENV
 
 NOT_BUILT_NOTICE = (
     "custom ops library not built (run `make`); using the PyTorch reference implementations"
@@ -26,9 +28,19 @@ NOT_BUILT_NOTICE = (
 
 
 def library_path() -> Path:
-    """Where the library is loaded from: `$GPT2FORGE_OPS_LIB`, else `<repo>/build/custom_ops/`."""
+    """Where the library is built to and loaded from: `$GPT2FORGE_OPS_LIB`, else
+    `<repo>/build/custom_ops/` from the default venv `.venv` (or no venv), else
+    `<repo>/build/<venv name>/custom_ops/`.
+
+    A library is built against one torch's ABI, so a second venv (`make VENV=.venv-torch2.11`, the
+    Makefile's OPS_DIR) gets a library of its own and never loads another's.
+    """
     override = os.environ.get(LIBRARY_ENV)
-    return Path(override) if override else REPO_ROOT / "build" / "custom_ops" / LIBRARY_NAME
+    if override:
+        return Path(override)
+    venv = Path(sys.prefix).name if sys.prefix != sys.base_prefix else DEFAULT_VENV
+    folder = REPO_ROOT / "build" if venv == DEFAULT_VENV else REPO_ROOT / "build" / venv
+    return folder / "custom_ops" / LIBRARY_NAME
 
 
 # ---------------------------------------------------------------------------------------------

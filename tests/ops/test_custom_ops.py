@@ -72,9 +72,30 @@ def _run_cli(*args: str, library: Path) -> subprocess.CompletedProcess:
 
 def test_library_path_default_and_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.delenv(LIBRARY_ENV, raising=False)
-    assert custom_ops.library_path() == custom_ops.REPO_ROOT / "build" / "custom_ops" / LIBRARY_NAME
+    build = custom_ops.REPO_ROOT / "build"
+    for prefix, base_prefix, expected in [
+        ("/repo/.venv", "/usr", build / "custom_ops"),  # the Makefile's default venv
+        ("/usr", "/usr", build / "custom_ops"),  # no venv
+        ("/repo/.venv-torch2.11", "/usr", build / ".venv-torch2.11" / "custom_ops"),  # another torch's ABI
+    ]:
+        monkeypatch.setattr(sys, "prefix", prefix)
+        monkeypatch.setattr(sys, "base_prefix", base_prefix)
+        assert custom_ops.library_path() == expected / LIBRARY_NAME
     monkeypatch.setenv(LIBRARY_ENV, str(tmp_path / "other.so"))
     assert custom_ops.library_path() == tmp_path / "other.so"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("venv", [".venv", ".venv-torch2.11"])
+def test_makefile_builds_where_the_loader_looks(monkeypatch: pytest.MonkeyPatch, venv: str):
+    """The Makefile's OPS_DIR and library_path() agree for the default venv and another one."""
+    listing = subprocess.run(["make", "-n", "-B", f"VENV={venv}", "custom_ops"], cwd=custom_ops.REPO_ROOT,
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+    out_dir = re.search(r"gpt2forge\.ops\.build build --out-dir (\S+)", listing)[1]
+    monkeypatch.delenv(LIBRARY_ENV, raising=False)
+    monkeypatch.setattr(sys, "prefix", str(custom_ops.REPO_ROOT / venv))
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    assert custom_ops.REPO_ROOT / out_dir / LIBRARY_NAME == custom_ops.library_path()
 
 
 # --- build_info -------------------------------------------------------------------------------
