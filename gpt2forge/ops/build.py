@@ -54,13 +54,22 @@ class Toolchain:
     """Path of nvcc (from torch's CUDA_HOME, else $PATH), None when not found."""
     nvcc_version: str | None
     """The `release X.Y, VX.Y.Z` part of `nvcc --version`."""
+    cuda_home: str | None = None
+    """The toolkit torch compiles against (torch.utils.cpp_extension.CUDA_HOME: $CUDA_HOME, else
+    guessed from the nvcc on $PATH)."""
+    cuda_headers: bool = False
+    """Whether the CUDA runtime's header (cuda_runtime_api.h) is in `cuda_home`/include or
+    $CUDA_INC_PATH. An nvcc on $PATH that is a wrapper script outside its toolkit (/usr/local/bin/nvcc
+    running /usr/local/cuda/bin/nvcc) makes torch guess a CUDA_HOME without it."""
 
     @property
     def cuda(self) -> bool:
-        """Whether .cu sources can be built: nvcc found, torch is a CUDA build, and both have one
+        """Whether .cu sources can be built: nvcc found, torch is a CUDA build, both have one
         CUDA major version (the library links the toolkit's libcudart, which must be the one
-        torch loads; torch's own extension builder refuses a mismatch too)."""
-        return self.nvcc is not None and torch.version.cuda is not None and not self.cuda_mismatch
+        torch loads; torch's own extension builder refuses a mismatch too), and the toolkit torch
+        compiles against has the runtime's headers."""
+        return (self.nvcc is not None and torch.version.cuda is not None and not self.cuda_mismatch
+                and self.cuda_headers)
 
     @property
     def cuda_mismatch(self) -> bool:
@@ -107,7 +116,11 @@ def detect_toolchain(scratch_dir: Path) -> Toolchain:
             (line.split(", ", 1)[1] for line in out.stdout.splitlines() if "release" in line),
             "unknown version",
         )
-    return Toolchain(cxx, _first_line([cxx, "--version"]), openmp, nvcc, nvcc_version)
+    include_dirs = [Path(CUDA_HOME) / "include"] if CUDA_HOME else []
+    include_dirs += [Path(os.environ["CUDA_INC_PATH"])] if os.environ.get("CUDA_INC_PATH") else []
+    # torch's include_paths("cuda") raise without a CUDA_HOME, whatever $CUDA_INC_PATH says
+    cuda_headers = bool(CUDA_HOME) and any((d / "cuda_runtime_api.h").is_file() for d in include_dirs)
+    return Toolchain(cxx, _first_line([cxx, "--version"]), openmp, nvcc, nvcc_version, CUDA_HOME, cuda_headers)
 
 
 def _describe(tc: Toolchain, n_cu: int) -> list[str]:
@@ -123,6 +136,10 @@ def _describe(tc: Toolchain, n_cu: int) -> list[str]:
             skipped = f" and {n_cu} .cu source(s) are skipped" if n_cu else ""
             cuda += (f"; torch built with CUDA {torch.version.cuda}, another major version, so the library is built "
                      f"without CUDA{skipped} (point CUDA_HOME at a CUDA {torch.version.cuda.split('.')[0]} toolkit)")
+        elif not tc.cuda_headers:
+            skipped = f" and {n_cu} .cu source(s) are skipped" if n_cu else ""
+            cuda += (f"; torch's CUDA_HOME ({tc.cuda_home or 'not set'}) has no include/cuda_runtime_api.h, so the "
+                     f"library is built without CUDA{skipped} (set CUDA_HOME to the toolkit's root)")
         else:
             cuda += f"; torch built with CUDA {torch.version.cuda}"
     return [
@@ -274,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--out-dir", type=Path, default=None,
                          help=f"directory of {LIBRARY_NAME} (default: that of "
-                              f"${LIBRARY_ENV}, else build/custom_ops)")
+                              f"${LIBRARY_ENV}, else build/custom_ops, or build/<venv name>/custom_ops "
+                              "for a venv other than .venv)")
         if name == "build":
             sub.add_argument("--quiet", action="store_true",
                              help="print only the toolchain summary, not the compiler commands")

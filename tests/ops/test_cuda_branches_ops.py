@@ -29,6 +29,8 @@ def toolkit(fake_cuda, tmp_path, monkeypatch) -> Path:
     home = tmp_path / "cuda"
     script(home / "bin" / "nvcc", 'echo "Cuda compilation tools, release 12.8, V12.8.93"')
     (home / "lib64").mkdir()
+    (home / "include").mkdir()
+    (home / "include" / "cuda_runtime_api.h").write_text("// the runtime's header\n")
     cxx = script(tmp_path / "bin" / "c++", 'echo "c++ (fake) 13.2.0"')
     monkeypatch.setenv("PATH", f"{home / 'bin'}:{tmp_path / 'bin'}:/usr/bin:/bin")
     monkeypatch.setenv("CXX", str(cxx))
@@ -116,4 +118,21 @@ def test_nvcc_is_found_on_path_without_a_cuda_home(toolkit, tmp_path, monkeypatc
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
     found = ops_build.detect_toolchain(tmp_path)
     assert (found.nvcc, found.nvcc_version) == (str(toolkit / "bin" / "nvcc"), "release 12.8, V12.8.93")
-    assert found.cuda and not found.cuda_mismatch
+    assert not found.cuda_mismatch
+    # torch compiles CUDA code against CUDA_HOME's headers (its include_paths raise without one)
+    assert not found.cuda
+
+
+def test_a_cuda_home_without_the_runtime_headers_builds_without_cuda(toolkit, tmp_path, monkeypatch, capsys):
+    """An nvcc wrapper script on PATH outside its toolkit: torch guesses CUDA_HOME as the wrapper's
+    grandparent, which has no CUDA headers."""
+    (toolkit / "include" / "cuda_runtime_api.h").unlink()
+    compiles, link, out = build_commands(tmp_path, monkeypatch, capsys)
+    assert f"torch's CUDA_HOME ({toolkit}) has no include/cuda_runtime_api.h, so the library is built without " \
+           "CUDA and 1 .cu source(s) are skipped (set CUDA_HOME to the toolkit's root)" in out
+    assert list(compiles) == ["op.cpp"] and "-DGPT2FORGE_WITH_CUDA=1" not in compiles["op.cpp"]
+    assert "-lcudart" not in link
+    headers = tmp_path / "cuda-include"
+    script(headers / "cuda_runtime_api.h", "")
+    monkeypatch.setenv("CUDA_INC_PATH", str(headers))  # torch adds it to the include paths too
+    assert ops_build.detect_toolchain(tmp_path).cuda
