@@ -21,13 +21,15 @@ CKPT_DIR   ?= checkpoints/mini
 
 # The main job: a 4-layer GPT-2 (GPT-2 BPE, 128 tokens of context) on the Python standard library's
 # documentation, about three minutes on 2 CPU cores.
-# bf16 where the CPU has bf16 instructions (else it is emulated, ~100x slower than fp32).
-PRECISION  ?= $(shell grep -qsE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo bf16 || echo fp32)
+# auto: bf16 or fp32, whichever a probe measured faster on this CPU (gpt2forge.core.precision; the
+# start-up line says which and why). The compiled step is cached in build/compile_cache across runs.
+PRECISION  ?= auto
 TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-files $(CORPUS) \
 	--max-len 128 --stride 128 --val-num 64 --batch-size 8 --gradient-accumulation 1 \
 	--device-iterations 1 --training-steps 300 --optimizer AdamW --learning-rate 1.5e-3 \
 	--lr-schedule cosine --lr-warmup-steps 20 --weight-decay 0.1 --max-grad-norm 1.0 \
-	--precision $(PRECISION) --torch-compile true --num-workers 0 --log-steps 20 --eval-every-steps 150 \
+	--precision $(PRECISION) --torch-compile true --executable-cache-dir build/compile_cache \
+	--num-workers 0 --log-steps 20 --eval-every-steps 150 \
 	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 150 --sample-tokens 60 --sample-prompt "The module"
 
 .PHONY: all custom_ops setup train lint test test-full test-fast fuzz bench eval-data clean distclean

@@ -10,9 +10,9 @@ has), on the same corpus (build/stdlib_docs.pkl, made by `make train`), and are 
 held-out windows (ours' `--val-num`, the first of the windows shuffled by the seed; token-weighted mean
 loss) at every `--eval-every` updates:
 
-  ours     `train_gpt2.py` with the Makefile's TRAIN_ARGS in fp32 on the CPU (`--torch-compile true`, the
-           fused LM head + loss, fused AdamW), `--seed S`, checkpoints to a temporary folder at each evaluation,
-           no sample, plus `--ours-flags` (ablations)
+  ours     `train_gpt2.py` with the Makefile's TRAIN_ARGS (its PRECISION: auto, the measured choice;
+           `--torch-compile true`, the fused LM head + loss, fused AdamW), `--seed S`, checkpoints to a
+           temporary folder at each evaluation, no sample, plus `--ours-flags` (ablations)
   nanogpt  `python DIR/train.py seed_offset.py --dataset=stdlib_docs --out_dir=out --device=cpu
            --dtype=float32 --compile=False ...` run in a temporary folder (printed in full at start):
            eager fp32, what nanoGPT gives on a CPU (`--nanogpt-flags=--compile=True` tries its
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     command = nanogpt_command(args)
     print(f"{args.steps} updates, held-out every {args.eval_every} ({args.val_num} windows), seeds {seeds}, "
-          f"ours flags: {args.ours_flags or '(Makefile TRAIN_ARGS, fp32)'}\nnanoGPT, in a folder per seed: "
+          f"ours flags: {args.ours_flags or '(Makefile TRAIN_ARGS)'}\nnanoGPT, in a folder per seed: "
           f"{shlex.join(command[1:])}", flush=True)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,10 +49,12 @@ TARGET_WALL_RATIO = 0.7  # ours' wall time to the Trainer's final loss / the Tra
 
 
 def make_train_args() -> list[str]:
-    """The Makefile's TRAIN_ARGS (what `make train` runs), with its variables left to `--set` below."""
+    """The Makefile's TRAIN_ARGS (what `make train` runs) with its default PRECISION, other variables left
+    to `with_flags` below."""
     text = (ROOT / "Makefile").read_text()
     args = re.search(r"TRAIN_ARGS \?= (.*?)\n\n", text, re.S).group(1).replace("\\\n", " ")
-    return shlex.split(args.replace("$(PRECISION)", "fp32"))
+    precision = re.search(r"^PRECISION\s*\?=\s*(\S+)", text, re.M).group(1)
+    return shlex.split(args.replace("$(PRECISION)", precision))
 
 
 def with_flags(args: list[str], overrides: dict[str, str | None]) -> list[str]:
