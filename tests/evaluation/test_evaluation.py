@@ -509,3 +509,30 @@ def test_checkpoint_with_its_own_tokenizer(tmp_path):
     model = load_model(ckpt)
     examples = build_cloze_examples(corpus[:3], lambda s: tok.encode(s).ids, True, 32)
     assert rec["result"]["loss_sum"] == pytest.approx(evaluate_cloze(model, examples, True, progress=False).loss_sum)
+
+
+def test_gpt_neo_folder_same_numbers_as_transformers(tmp_path):
+    """A GPT-Neo folder (save_pretrained; local layers of window 8 inside 32-token windows): the
+    stream's overlapping windows (scored through `last`) and the cloze path give transformers' numbers."""
+    from gpt2forge.model.checkpoint import load_model as load_folder
+
+    torch.manual_seed(0)
+    hf = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(
+        vocab_size=101, max_position_embeddings=32, hidden_size=32, num_layers=2, num_heads=2,
+        attention_types=[[["local", "global"], 1]], window_size=8)).eval()
+    hf.save_pretrained(tmp_path / "neo")
+    ours = load_folder(tmp_path / "neo").eval()
+    tokens = np.random.default_rng(0).integers(0, 101, 300)
+    res = evaluate_stream(ours, tokens, 32, 9, batch_size=5, progress=False)
+    rng = np.random.default_rng(1)
+    examples = [ClozeExample(tuple(rng.integers(0, 101, k)), tuple(rng.integers(0, 101, t)))
+                for k, t in [(5, 1), (20, 2), (31, 1)]]
+    cz = evaluate_cloze(ours, examples, strict=True, batch_size=3, progress=False)
+    with torch.no_grad():
+        ref_loss, ref_correct = hf_window_loss(hf, tokens, WindowPlan(300, 32, 9))
+        ref_nll = 0.0
+        for ex in examples:
+            logits = hf(torch.tensor(ex.context + ex.target)[None, :-1]).logits[0, -len(ex.target):]
+            ref_nll += float(F.cross_entropy(logits, torch.tensor(ex.target), reduction="sum"))
+    assert res.loss_sum == pytest.approx(ref_loss, rel=1e-5) and res.correct == ref_correct
+    assert cz.loss_sum == pytest.approx(ref_nll, rel=1e-5)
