@@ -297,9 +297,10 @@ class GPT2LMHeadModel(nn.Module):
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
         """HF/GPT-2 initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms, and residual
-        output projections (`c_proj`) scaled by 1/sqrt(2 n_layer) (GPT-2 paper, section 2.3)."""
+        output projections (`c_proj`) scaled by 1/sqrt(2 n_layer) (GPT-2 paper, section 2.3; not for
+        GPT-Neo, whose transformers class initialises every nn.Linear alike)."""
         std = self.config.initializer_range
-        proj_std = std / math.sqrt(2 * self.config.n_layer)
+        proj_std = std if self.config.model_type == "gpt_neo" else std / math.sqrt(2 * self.config.n_layer)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 p.normal_(0.0, proj_std, generator=generator)

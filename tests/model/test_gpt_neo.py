@@ -139,3 +139,18 @@ def test_gpt_neo_125m_config_reads_with_transformers_parameter_count():
     with torch.device("meta"):
         theirs = transformers.GPTNeoForCausalLM(transformers.GPTNeoConfig(**cfg.to_hf_dict()))
     assert cfg.num_params() == theirs.num_parameters() == 125_198_592
+
+
+def test_new_gpt_neo_initialises_as_transformers_does():
+    """GPTNeoForCausalLM draws every nn.Linear from N(0, initializer_range): no 1/sqrt(2 n_layer) on c_proj."""
+    from gpt2forge.model.gpt2 import GPT2LMHeadModel
+
+    hf_cfg = neo_config(num_layers=8, attention_types=[[["global", "local"], 4]])
+    model = GPT2LMHeadModel(ModelConfig.from_hf_dict(hf_cfg.to_dict()))
+    model.init_weights(torch.Generator().manual_seed(0))
+    hf = transformers.GPTNeoForCausalLM(hf_cfg)
+    for ours_name, theirs_name in (("h.0.mlp.c_proj.weight", "h.0.mlp.c_proj.weight"),
+                                   ("h.0.attn.c_proj.weight", "h.0.attn.attention.out_proj.weight")):
+        ours_std = float(model.state_dict()["transformer." + ours_name].std())
+        theirs_std = float(hf.state_dict()["transformer." + theirs_name].std())
+        assert ours_std == pytest.approx(theirs_std, rel=0.1) and ours_std == pytest.approx(0.02, rel=0.1)
