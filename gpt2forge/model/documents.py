@@ -122,6 +122,19 @@ def flex_block_mask(document_ids: torch.Tensor):
     return create_block_mask(same_document_causal, B, None, T, T, device=document_ids.device)
 
 
+def flex_window_mask(document_ids: torch.Tensor | None, T: int, window: int, device: torch.device):
+    """A FlexAttention BlockMask of local attention (GPT-Neo): query q sees keys q - window < kv <= q,
+    and with `document_ids` (B, T) only those of its own document. Tiles outside the band are skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def local_causal(b, h, q, kv):
+        near = (q >= kv) & (q - kv < window)
+        return near if document_ids is None else near & (document_ids[b, q] == document_ids[b, kv])
+
+    B = None if document_ids is None else document_ids.shape[0]
+    return create_block_mask(local_causal, B, None, T, T, device=device)
+
+
 _COMPILED_FLEX = None
 
 

@@ -25,6 +25,7 @@ from gpt2forge.model.documents import (
     document_mask,
     flex_attention,
     flex_available,
+    flex_window_mask,
 )
 from gpt2forge.model.dropout import causal_attention_dropout, dropout
 from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss
@@ -123,12 +124,13 @@ class Attention(nn.Module):
         self.scale = scale
 
     def forward(self, x: torch.Tensor, kv=None, last: int | None = None,
-                documents: DocumentMask | None = None) -> torch.Tensor:
+                documents: DocumentMask | None = None, local_block=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). `kv` (inference only, see gpt2forge.generate.kv_cache) is one layer's
         preallocated cache: `kv.attend(q, k, v, scale)` stores this call's keys/values and returns the
         attention of q over all S cached ones (B, n_head, T, hd), under the cache's mask. `last`
         (without kv): only the last `last` positions attend (over all T keys) -> (B, last, C).
-        `documents` (packed documents, without kv and last): a token attends within its document only."""
+        `documents` (packed documents, without kv and last): a token attends within its document only.
+        `local_block`: the FlexAttention block mask of a local layer's window (CUDA; see Transformer)."""
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, n_head, T, head_dim)
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)  # -1: a TP shard's heads
@@ -136,7 +138,7 @@ class Attention(nn.Module):
         if kv is not None:
             y = kv.attend(q, k, v, self.scale, self.window)
         elif self.window is not None:
-            y = self._local_attention(q, k, v, documents, last, dropout_p)
+            y = self._local_attention(q, k, v, documents, last, dropout_p, local_block)
             T = y.shape[2]
         elif documents is not None:
             y = self._document_attention(q, k, v, documents, dropout_p)
@@ -154,11 +156,13 @@ class Attention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def _local_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: DocumentMask | None,
-                         last: int | None, dropout_p: float) -> torch.Tensor:
-        """Windowed causal attention of q, k, v (B, n_head, T, hd) -> (B, n_head, T or last, hd): SDPA under
-        a dense window mask (T, T), within each document when packed. On CUDA too: no FlexAttention
-        sliding-window block mask yet, so the dense mask costs T^2 bools per layer and SDPA's
-        masked kernels (not flash)."""
+                         last: int | None, dropout_p: float, block=None) -> torch.Tensor:
+        """Windowed causal attention of q, k, v (B, n_head, T, hd) -> (B, n_head, T or last, hd), within
+        each document when packed: FlexAttention's sliding-window `block` mask where the model built
+        one (CUDA, no dropout; only the tiles in the band are computed), else SDPA under a dense window
+        mask (T, T) (its masked kernels accumulate the unscaled scores in fp32, as transformers upcasts)."""
+        if block is not None and dropout_p == 0.0 and last is None:
+            return flex_attention(q, k, v, block, self.scale)
         T = k.shape[2]
         if last is not None:
             q = q[:, :, T - last:]
@@ -205,10 +209,10 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, kv=None, last: int | None = None,
-                documents: DocumentMask | None = None) -> torch.Tensor:
+                documents: DocumentMask | None = None, local_block=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C), or (B, last, C): the block's output for the last positions only.
-        `documents`: packed documents attend within themselves (see Attention.forward)."""
-        a = self.attn(self.ln_1(x), kv, last, documents)
+        `documents`: packed documents attend within themselves; `local_block`: see Attention.forward."""
+        a = self.attn(self.ln_1(x), kv, last, documents, local_block)
         x = x if last is None else x[:, x.shape[1] - last:]
         x = x + a
         return x + self.mlp(self.ln_2(x))
@@ -254,10 +258,23 @@ class Transformer(nn.Module):
             if position_ids is None:
                 position_ids = torch.arange(T, device=x.device)
             x = self.drop(self.wte(x) + self.wpe(position_ids))  # (B, T) ids -> (B, T, C)
+        local = None if kv_cache is not None or last is not None else self._local_block_mask(x, document_ids)
         final = len(self.h) - 1
         for n, (i, block) in enumerate(self.h.items()):
-            x = block(x, None if kv_cache is None else kv_cache[int(i)], last if n == final else None, documents)
+            x = block(x, None if kv_cache is None else kv_cache[int(i)], last if n == final else None, documents,
+                      local)
         return x if self.ln_f is None else self.ln_f(x)
+
+    def _local_block_mask(self, x: torch.Tensor, document_ids: torch.Tensor | None):
+        """The FlexAttention block mask every local layer shares (GPT-Neo on CUDA, without attention
+        dropout), or None: the local layers then use a dense window mask (Attention._local_attention)."""
+        windows = {block.attn.window for block in self.h.values()} - {None}
+        if not windows or (self.training and self.attn_pdrop > 0.0):
+            return None
+        if not (capabilities(x.device).flex_attention and flex_available()):
+            return None
+        (window,) = windows  # one window_size per model
+        return flex_window_mask(document_ids, x.shape[1], window, x.device)
 
     def _document_mask(self, document_ids: torch.Tensor) -> DocumentMask:
         """The mask every block shares: what its attention path needs (Attention._document_attention)."""

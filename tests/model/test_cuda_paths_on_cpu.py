@@ -15,6 +15,10 @@ from gpt2forge.train.memory import apply_activation_checkpointing, checkpointed_
 needs_flex = pytest.mark.skipif(not flex_available(), reason=f"torch {torch.__version__} has no FlexAttention")
 
 
+# torch 2.11's CPU lowering of FlexAttention (inductor/kernel/flex/flex_attention.py, lower_cpu); gone in 2.13
+CPU_FLEX_SHARED_QKV = "Unsupported for now if query, key, value are the same buffer"
+
+
 def packed_batch():
     """Two packed rows of 32 input tokens (documents of 9 + 23 and 4 + 4 + 24), their labels and layout."""
     text = torch.stack([packed_text([9, 24], seed=3)[0], packed_text([4, 4, 25], seed=4)[0]])
@@ -46,8 +50,15 @@ def test_flex_block_mask_forward_equals_the_dense_mask():
         want = transformer(x, layout.position_ids, document_ids=layout.document_ids)  # (B, T, C)
         with forced(flex_attention=True):
             assert transformer._document_mask(layout.document_ids).dense is None
-            for forward in (torch.compile(transformer, fullgraph=True), transformer):
-                got = forward(x, layout.position_ids, document_ids=layout.document_ids)
+            for forward in (transformer, torch.compile(transformer, fullgraph=True)):
+                try:
+                    got = forward(x, layout.position_ids, document_ids=layout.document_ids)
+                except Exception as exc:  # only torch 2.11's CPU lowering refusal is skipped
+                    if CPU_FLEX_SHARED_QKV not in str(exc):
+                        raise
+                    pytest.skip(f"torch {torch.__version__}: CPU inductor's FlexAttention lowering refuses q, k, v "
+                                f"split from one c_attn output ('{CPU_FLEX_SHARED_QKV}'; CUDA's Triton lowering "
+                                "takes them); the eager block mask was checked")
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -110,3 +121,21 @@ def test_attention_dropout_compiled_with_recomputation(sdpa_dropout, monkeypatch
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
     for n, g in grads.items():
         torch.testing.assert_close(g, want_grads[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+@needs_flex
+@pytest.mark.slow
+def test_flex_sliding_window_forward_equals_the_dense_window_mask():
+    """GPT-Neo's local layers (window 5) through FlexAttention's sliding-window block mask: the hidden
+    states of the dense window mask, one sequence per row and packed documents."""
+    cfg = tiny(model_type="gpt_neo", attention_layers=["local", "global"], window_size=5, scale_attn_weights=False)
+    transformer = ours(cfg).transformer
+    x, _, layout = packed_batch()
+    with torch.no_grad():
+        assert transformer._local_block_mask(x, None) is None  # the CPU's default
+        want = [transformer(x), transformer(x, layout.position_ids, document_ids=layout.document_ids)]
+        with forced(flex_attention=True):
+            assert transformer._local_block_mask(x, None) is not None
+            got = [transformer(x), transformer(x, layout.position_ids, document_ids=layout.document_ids)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
