@@ -136,6 +136,12 @@ def test_flex_sliding_window_forward_equals_the_dense_window_mask():
         want = [transformer(x), transformer(x, layout.position_ids, document_ids=layout.document_ids)]
         with forced(flex_attention=True):
             assert transformer._local_block_mask(x, None) is not None
-            got = [transformer(x), transformer(x, layout.position_ids, document_ids=layout.document_ids)]
+            try:
+                got = [transformer(x), transformer(x, layout.position_ids, document_ids=layout.document_ids)]
+            except Exception as exc:  # only torch 2.11's CPU lowering refusal is skipped
+                if CPU_FLEX_SHARED_QKV not in str(exc):
+                    raise
+                pytest.skip(f"torch {torch.__version__}: CPU inductor's FlexAttention lowering refuses q, k, v "
+                            f"split from one c_attn output ('{CPU_FLEX_SHARED_QKV}')")
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
