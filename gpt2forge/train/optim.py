@@ -123,16 +123,28 @@ def build_optimizer(
 
 
 def _fsdp_offloaded(model: torch.nn.Module) -> bool:
-    """Whether FSDP2 keeps `model`'s shards on the host (CPUOffloadPolicy): the update then runs there."""
+    """Whether FSDP2 keeps `model`'s shards on the host (CPUOffloadPolicy): the update then runs there.
+
+    FSDP2 keeps the policy in private state (`FSDPModule._get_fsdp_state()`, torch 2.11-2.13). A torch
+    without it gets the public sign instead: a shard held on the CPU while its mesh is an accelerator's.
+    That answers the same wherever there is a GPU; on a CPU mesh the shards are on the host either way,
+    so offloaded runs there keep torch's optimizer (the same update, without the host kernels)."""
     if not torch.distributed.is_available():
         return False
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule  # why: only FSDP2 runs need it
+    from torch.distributed.tensor import DTensor
 
     for module in model.modules():
-        if isinstance(module, FSDPModule):
-            group = getattr(module._get_fsdp_state(), "_fsdp_param_group", None)  # None: a module without params
-            if group is not None and isinstance(group.offload_policy, CPUOffloadPolicy):
+        if not isinstance(module, FSDPModule):
+            continue
+        fsdp_state = getattr(module, "_get_fsdp_state", None)
+        if fsdp_state is not None:
+            group = getattr(fsdp_state(), "_fsdp_param_group", None)  # None: a module without params
+            if group is not None and isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy):
                 return True
+        elif any(isinstance(p, DTensor) and p.device_mesh.device_type != "cpu" and p.to_local().device.type == "cpu"
+                 for p in module.parameters()):
+            return True
     return False
 
 

@@ -284,6 +284,29 @@ def test_fsdp2_cpu_offloaded_shards_use_the_op(kernel):
         dist.destroy_process_group()
 
 
+def test_fsdp2_offload_without_the_private_state_reads_the_shards(kernel, monkeypatch):
+    """A torch whose FSDPModule lacks _get_fsdp_state: the shards' placement decides, and on a CPU mesh
+    (shards on the host with or without offload) that keeps torch's optimizer."""
+    import torch.distributed as dist
+
+    from gpt2forge.parallel.distributed import shard_model  # why: the parallel layer is above ops
+
+    if not dist.is_available():
+        pytest.skip("torch built without torch.distributed")
+    from torch.distributed.fsdp import FSDPModule
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = tiny_model()
+        shard_model(model, 3, offload=True, device=torch.device("cpu"))
+        assert type(build_optimizer(model, "AdamW", 1e-2, 0.1)) is host_optim.HostAdamW  # the private state
+        with monkeypatch.context() as patch:
+            patch.delattr(FSDPModule, "_get_fsdp_state")
+            assert type(build_optimizer(model, "AdamW", 1e-2, 0.1)) is torch.optim.AdamW
+    finally:
+        dist.destroy_process_group()
+
+
 def test_benchmark_quick_runs(kernel, capsys):
     import importlib.util
     from pathlib import Path
