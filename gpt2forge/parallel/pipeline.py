@@ -282,11 +282,11 @@ class Pipeline:
         grads = [local_tensor(p.grad) for p in self.parameters() if p.grad is not None]
         if not grads:
             return
-        flat = torch._utils._flatten_dense_tensors(grads)
+        flat = torch.cat([g.reshape(-1) for g in grads])  # one all-reduce for all of them
         dist.all_reduce(flat, group=self.dp_group)
         flat /= self.grid.replicas
-        for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            g.copy_(avg)
+        for g, avg in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(avg.view_as(g))
 
     def _sum_tied_gradients(self) -> None:
         if self.grid.stages == 1:
