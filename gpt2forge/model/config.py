@@ -103,17 +103,19 @@ class ModelConfig:
             raise UsageError("model config: " + "; ".join(problems))
 
     def _attention_problems(self) -> list[str]:
+        """What is wrong with model_type and GPT-Neo's attention fields (a GPT-2 has none of them)."""
         if self.model_type not in MODEL_TYPES:
             return [f"model_type {self.model_type!r} is not supported; choose one of {', '.join(MODEL_TYPES)}"]
         if self.model_type == "gpt2":
             return [] if self.attention_layers is None else [
                 "attention_layers needs model_type gpt_neo (a GPT-2 config.json cannot hold it)"]
         layers = self.attention_layers or []
-        problems = [f"attention_layers has {len(layers)} entries for {self.n_layer} layers"] * (
-            len(layers) != self.n_layer)
-        problems += [f"attention type {t!r} is unknown; choose global or local"
-                     for t in sorted(set(layers) - set(ATTENTION_TYPES))]
-        problems += ["window_size must be >= 1"] * (self.window_size < 1)
+        problems = [f"attention type {t!r} is unknown; choose global or local"
+                    for t in sorted(set(layers) - set(ATTENTION_TYPES))]
+        if len(layers) != self.n_layer:
+            problems.append(f"attention_layers has {len(layers)} entries for {self.n_layer} layers")
+        if self.window_size < 1:
+            problems.append("window_size must be >= 1")
         if self.scale_attn_weights or self.scale_attn_by_inverse_layer_idx:
             problems.append("gpt_neo does not scale attention scores (scale_attn_weights must be false)")
         return problems

@@ -154,3 +154,20 @@ def test_new_gpt_neo_initialises_as_transformers_does():
         ours_std = float(model.state_dict()["transformer." + ours_name].std())
         theirs_std = float(hf.state_dict()["transformer." + theirs_name].std())
         assert ours_std == pytest.approx(theirs_std, rel=0.1) and ours_std == pytest.approx(0.02, rel=0.1)
+
+
+def test_older_pytorch_model_bin_with_mask_buffers_loads(folder, tmp_path):
+    """Older transformers saved GPT-Neo's causal-mask buffers (attn.attention.bias, masked_bias) and the
+    tied lm_head in pytorch_model.bin: they are dropped, the weights load."""
+    path, hf = folder
+    sd = dict(hf.state_dict())
+    sd["transformer.h.1.attn.attention.bias"] = torch.ones(1, 1, T, T, dtype=torch.bool)
+    sd["transformer.h.1.attn.attention.masked_bias"] = torch.tensor(-1e9)
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    x = ids(B=1)
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path).eval()(x)[..., :V], hf(x).logits, rtol=1e-5, atol=1e-5)
+    with pytest.raises(UsageError, match="not a gpt_neo model of this shape"):
+        torch.save({k: v for k, v in sd.items() if "k_proj" not in k}, tmp_path / "pytorch_model.bin")
+        load_model(tmp_path)
