@@ -126,7 +126,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, kv=None, last: int | None = None,
                 documents: DocumentMask | None = None, local_block=None) -> torch.Tensor:
         """x (B, T, C) -> (B, T, C). `kv` (inference only, see gpt2forge.generate.kv_cache) is one layer's
-        preallocated cache: `kv.attend(q, k, v, scale)` stores this call's keys/values and returns the
+        preallocated cache: `kv.attend(q, k, v, scale, window)` stores this call's keys/values and returns the
         attention of q over all S cached ones (B, n_head, T, hd), under the cache's mask. `last`
         (without kv): only the last `last` positions attend (over all T keys) -> (B, last, C).
         `documents` (packed documents, without kv and last): a token attends within its document only.
