@@ -200,6 +200,8 @@ def test_flag_contradictions_and_layer_selection():
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.heavy)])
 def test_activation_checkpointing_gives_same_gradients_with_dropout(compiled):
+    if compiled:  # earlier tests' graphs of GPT2LMHeadModel.forward count against dynamo's recompile limit (8);
+        torch.compiler.reset()  # past it torch 2.11 runs the forward eagerly, whose dropout masks are not inductor's
     grads = []
     for layers in ([], [0, 1]):
         model = tiny_model()
