@@ -130,7 +130,7 @@ def test_model_config_flag_takes_any_hf_config(tmp_path):
                                               "--max-len", "32"]))
     assert (cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.n_positions) == (3, 48, 500, 32)
     path.write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(UsageError, match="model_type is 'llama'; pass a GPT-2 \(gpt2\) or GPT-Neo"):
+    with pytest.raises(UsageError, match=r"model_type is 'llama'; pass a GPT-2 \(gpt2\) or GPT-Neo"):
         ModelConfig.from_json(path)
 
 
