@@ -14,7 +14,11 @@ import hashlib
 from pathlib import Path
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
+
+try:  # inductor's hook for custom passes is private (torch._inductor): present in torch 2.11-2.13
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+except ImportError:  # a torch without it compiles the step without the passes (compile_options)
+    CustomGraphPass = None
 
 aten = torch.ops.aten
 _SCATTER_ADDS = (aten._unsafe_masked_index_put_accumulate.default, aten.index_put.default)
@@ -81,7 +85,7 @@ def scatter_into_sum(graph: torch.fx.Graph) -> int:
     return rewritten
 
 
-class TrainingGraphPasses(CustomGraphPass):
+class TrainingGraphPasses(CustomGraphPass or object):
     """The passes above, as inductor's `post_grad_custom_post_pass` (its uuid: this file's hash, so a
     change here invalidates inductor's cached graphs)."""
 
@@ -93,5 +97,10 @@ class TrainingGraphPasses(CustomGraphPass):
 
 
 def compile_options() -> dict:
-    """torch.compile's `options` for the training step."""
+    """torch.compile's `options` for the training step: the passes as inductor's post-grad custom pass,
+    or none where this torch lacks that private hook (the same step, without the rewrite)."""
+    from torch._inductor import config
+
+    if CustomGraphPass is None or not hasattr(config, "post_grad_custom_post_pass"):
+        return {}
     return {"post_grad_custom_post_pass": TrainingGraphPasses()}

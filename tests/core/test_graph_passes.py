@@ -95,3 +95,11 @@ def test_compiled_tied_embedding_grads_equal_eager(monkeypatch):
         torch.compile(loss, options=compile_options())(w).backward()
     torch.testing.assert_close(w.grad, eager, rtol=1e-5, atol=1e-6)
     assert sum(rewrites) == 1  # in the backward graph
+
+
+def test_a_torch_without_the_custom_pass_hook_compiles_without_the_passes(monkeypatch):
+    from gpt2forge.core import graph_passes
+
+    assert isinstance(compile_options()["post_grad_custom_post_pass"], graph_passes.TrainingGraphPasses)
+    monkeypatch.setattr(graph_passes, "CustomGraphPass", None)
+    assert compile_options() == {}
