@@ -35,7 +35,7 @@ def ops_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     session from custom_ops/ into a temporary directory."""
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         pytest.skip("no C++ compiler ($CXX or c++) to build the custom ops library")
-    built = custom_ops.REPO_ROOT / "build" / "custom_ops" / LIBRARY_NAME
+    built = custom_ops.library_path()  # this venv's: a library of another torch's ABI must not load
     sources = [*ops_build.SOURCE_DIR.iterdir(), Path(ops_build.__file__)]
     if built.is_file() and built.stat().st_mtime > max(s.stat().st_mtime for s in sources):
         return built

@@ -8,7 +8,7 @@ single-tensor AdamW divides in another order (addcdiv): values agree to a few fp
 1e-6, atol 1e-7 after 20 steps. LAMB's two norms are summed in another order than torch._foreach_norm: its
 trust ratio, hence each update, agrees to ~1e-6 relative: rtol 1e-5, atol 1e-6.
 
-The tests use the library `make` built (build/custom_ops, or $GPT2FORGE_OPS_LIB) and skip when it
+The tests use the library `make` built (library_path(): build/custom_ops, or $GPT2FORGE_OPS_LIB) and skip when it
 is absent or predates these ops; building it here would cost minutes on two cores.
 """
 
