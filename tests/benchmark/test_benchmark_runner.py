@@ -283,7 +283,6 @@ def test_spec_error_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_real_cpu_entry_with_profile_and_compile_only(tmp_path):
     """The shipped inference CPU entry, run by the runner as `make bench` does, under --profile."""
     log_dir = tmp_path / "logs"

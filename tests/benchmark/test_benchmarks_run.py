@@ -93,7 +93,6 @@ def test_generation_latency_prints_the_floor_ratio():
         assert re.search(r"ours step by step / the kernel's one-call read .* median over all steps [0-9.]+x", out)
 
 
-@pytest.mark.heavy
 def test_generation_latency_checks_bf16_against_fp32_greedy():
     out = run(["benchmarks/generation_latency.py", "--model", "gpt2-test", "--precisions", "fp32,bf16", "--batch-sizes",
                "1", "--rounds", "1", "--no-compile", "--prompt-len", "8", "--new-tokens", "6", "--hf-threads", "ours",

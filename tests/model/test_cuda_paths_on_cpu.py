@@ -88,7 +88,7 @@ def _chunked_path_is_not_taken(*args, **kwargs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sdpa_dropout", [True, pytest.param(False, marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("sdpa_dropout", [True, False])
 def test_attention_dropout_compiled_with_recomputation(sdpa_dropout, monkeypatch):
     """Training with attention dropout, compiled, every block recomputed in backward (as
     --recompute-checkpoint-every-layer does): SDPA's own dropout (CUDA's path), or the chunked CPU

@@ -198,7 +198,7 @@ def test_flag_contradictions_and_layer_selection():
         checkpointed_layers(4, False, [7])
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("compiled", [False, True])
 def test_activation_checkpointing_gives_same_gradients_with_dropout(compiled):
     if compiled:  # earlier tests' graphs of GPT2LMHeadModel.forward count against dynamo's recompile limit (8);
         torch.compiler.reset()  # past it torch 2.11 runs the forward eagerly, whose dropout masks are not inductor's

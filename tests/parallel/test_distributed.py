@@ -79,7 +79,6 @@ def test_replicas_resume_with_their_own_dropout_streams(make_tiny_config, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_zero_2_and_3_equal_one_process_and_resume_across_stages(tiny_config, tmp_path):
     single = run(args(tiny_config, "--weight-decay", "0.1"))
     ckpt = tmp_path / "zero3"
@@ -171,7 +170,6 @@ def test_a_rank_that_dies_ends_the_job_promptly_naming_it(tiny_config):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_a_restarted_job_continues_from_its_latest_checkpoint(tiny_config, tmp_path):
     """MAX_RESTARTS through run/launch.sh with --auto-resume: rank 1 is killed after a checkpoint,
     torchrun restarts both workers, they continue from the latest checkpoint and end where an
@@ -242,7 +240,6 @@ def pipeline_args(cfg: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_config, tmp_path):
     # One process: both stages co-located, the 2 replicas as gradient accumulation (global batch 8).
     single_norms, pipelined_norms = [], []
@@ -276,7 +273,6 @@ def test_pipeline_schedules_equal_one_process_and_resume_in_other_layouts(tiny_c
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_four_stages_by_two_replicas_resume_in_one_process_and_in_two_stages(tiny_config, tmp_path):
     """The issue's layout test: 8 processes (4 stages, two of them without blocks, x 2 replicas with
     ZeRO-1) equal one process, and their checkpoint continues the same optimization in one process
@@ -378,7 +374,7 @@ def test_launcher_builds_a_torchrun_command_that_torchrun_parses(env, expected):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("node_ranks", [pytest.param(True, marks=pytest.mark.heavy), False])
+@pytest.mark.parametrize("node_ranks", [True, False])
 def test_two_nodes_through_the_launcher_equal_one_process(tiny_config, node_ranks):
     """Two torchrun agents ("nodes", one process each) meet on this host, as run/launch.sh starts
     them on every node: with NODE_RANK in the static rendezvous (rank 0, the one that logs, on
@@ -406,7 +402,7 @@ def test_every_pretraining_script_uses_the_launcher():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["eigen", pytest.param("inverse", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("method", ["eigen", "inverse"])
 def test_kfac_under_two_replicas_equals_one_process(tiny_config, method):
     """K-FAC's distributed path (factors all-reduced, each decomposition computed on one rank and
     broadcast) gives the step lines of one process with the same global batch. (It caught the

@@ -88,7 +88,6 @@ PIPELINE = ["--layers-per-ipu", "1", "1", "--ipus-per-replica", "2"]
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_tp2_with_dp2_or_pp2_equals_one_process_and_checkpoints_move_between_layouts(tiny_config, single, tmp_path):
     lines, single_ckpt = single
     assert len(lines) == 5
