@@ -10,9 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
-    "gpu_check.sh": ["env", "imports", "ops_build", "memory_plan", "cuda_tests", "train_bf16_packed", "resume_bf16_packed",
-                     "losses_after_resume", "generate_eager_vs_graphs", "train_dropout_recompute_profiled",
-                     "train_fp16_dynamic_scaling", "train_offload_full"],
+    "gpu_check.sh": ["env", "imports", "ops_build", "memory_plan", "cuda_tests", "train_bf16_packed",
+                     "resume_bf16_packed", "losses_after_resume", "generate_eager_vs_graphs",
+                     "train_dropout_recompute_profiled", "train_fp16_dynamic_scaling", "train_offload_full"],
     "gpu_measure.sh": ["train_bf16", "train_bf16_plain_loss", "decode_bf16", "lm_head_op"],
 }
 
