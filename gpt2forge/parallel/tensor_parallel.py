@@ -305,8 +305,9 @@ def parallelize(model: GPT2LMHeadModel, mesh: DeviceMesh, sequence_parallel: boo
         plan = {"ln_1": norm, "attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(output_layouts=seq),
                 "ln_2": norm, "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel(output_layouts=seq)}
         if sequence_parallel:  # gather the sequence before the column-parallel matmuls
-            plan["attn"] = PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
-                                              desired_input_layouts=(Replicate(), None, None, None))
+            # Attention.forward's inputs: x, kv, last, documents, local_block (only x is a tensor to gather)
+            plan["attn"] = PrepareModuleInput(input_layouts=(Shard(1), None, None, None, None),
+                                              desired_input_layouts=(Replicate(), None, None, None, None))
             plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, mesh, plan)
         unorder.update({id(p): torch.argsort(order) for p in block.attn.c_attn.parameters()})
