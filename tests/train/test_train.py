@@ -94,7 +94,8 @@ def test_non_finite_gradients_skip_updates_and_stop_a_diverged_run(tiny_config, 
     assert all(t.isfinite().all() for t in saved.values())
 
 
-def test_fp16_overflows_while_the_scale_comes_down_hold_the_lr_and_never_stop_the_run(tiny_config, tmp_path, capsys):
+def test_fp16_overflows_while_the_scale_comes_down_hold_the_lr_and_never_stop_the_run(tiny_config, tmp_path, capsys,
+                                                                                    monkeypatch):
     # Megatron's fp16 defaults (scale 2^32, hysteresis 2, window 1000): the first ~15 updates overflow
     # while the scale halves. They are skipped with the learning rate held (Megatron steps its scheduler
     # only `if update_successful`) and never count toward --max-nonfinite-updates, which stopped such
@@ -105,6 +106,7 @@ def test_fp16_overflows_while_the_scale_comes_down_hold_the_lr_and_never_stop_th
                      "--loss-scale-window", "1000", "--lr-schedule", "linear", "--lr-warmup", "0",
                      "--learning-rate", "1e-3", "--gradient-accumulation", "1", "--training-steps", "22",
                      "--metrics-file", str(metrics))
+    monkeypatch.setattr("gpt2forge.core.log._seen_notices", set())  # notices print once per process
     assert train_main(args) == 0
     assert "fp16: gradients overflowed at this loss scale" in capsys.readouterr().err
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
