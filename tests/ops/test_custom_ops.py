@@ -7,6 +7,7 @@ temporary directory (a minute on two cores). They skip when no C++ compiler is f
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -487,8 +488,11 @@ def test_flush_denormals_sets_every_intra_op_thread_and_undoes(ops):
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores: the caller's and a helper's")
 def test_pool_round_trip_is_a_positive_time_and_refuses_no_rounds(ops):
-    ns = ops.pool_round_trip_ns(2000)
-    assert 0 < ns < 1e6  # a cache line between two cores: tens to hundreds of ns, not a sleep
+    # NaN when no helper thread took part within 100 ms (a loaded machine's scheduler): five tries
+    reads = [ops.pool_round_trip_ns(2000) for _ in range(5)]
+    finite = [ns for ns in reads if not math.isnan(ns)]
+    assert finite, reads
+    assert all(0 < ns < 1e6 for ns in finite), reads  # a cache line between two cores: tens to hundreds of ns
     with pytest.raises(RuntimeError, match="expected rounds >= 1"):
         ops.pool_round_trip_ns(0)
 
