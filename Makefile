@@ -32,7 +32,7 @@ TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-fi
 	--num-workers 0 --log-steps 20 --eval-every-steps 150 \
 	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 150 --sample-tokens 60 --sample-prompt "The module"
 
-.PHONY: all custom_ops setup train lint test test-full test-fast fuzz bench eval-data clean distclean
+.PHONY: all custom_ops setup train lint test test-fast fuzz bench eval-data clean distclean
 
 all: custom_ops
 
@@ -67,12 +67,9 @@ train: setup $(CORPUS)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# The whole suite, the layout and end-to-end tests included: what CI runs (.ci/run), about TBD minutes on 2 cores.
+# The whole suite, the layout and end-to-end tests included: what CI runs (.ci/run), 10 minutes of pytest on 2 cores.
 test: setup lint
 	$(PY) -m pytest -q
-
-# The same as `make test` (its name while the layout tests were left out of `make test`).
-test-full: test
 
 # Leaves out torchrun and end-to-end training tests (@pytest.mark.slow): about a minute on 2 cores.
 test-fast: setup lint
