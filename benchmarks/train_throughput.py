@@ -85,6 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the transformers arm under torch.compile with fused AdamW (the GPU peer llm.c and "
                         "nanoGPT are compared with); by default it runs eager with torch's default AdamW")
     p.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
+    p.add_argument("--profile", metavar="DIR",
+                   help="after the timed steps, each implementation runs 2 more steps under torch.profiler and "
+                        "writes DIR/<impl>_<precision>.txt: its operators and kernels by self time, the kernel "
+                        "launches per step and torch.compile's graph breaks (not timed with the others)")
     args = p.parse_args(argv)
     args.precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
     problems = [f"--{k.replace('_', '-')} must be >= 1" for k in ("batch_size", "seq_len", "steps", "warmup")
@@ -235,6 +239,30 @@ def worker(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
             shutil.rmtree(cache_dir, ignore_errors=True)
 
 
+def _profile(step, batch, device, name: str, folder: str, steps: int = 2) -> str:
+    """Runs `steps` steps under torch.profiler; writes folder/name.txt (operators by self device time,
+    kernel launches per step, graph breaks) and returns its path."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step(batch)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    from torch._dynamo.utils import counters
+
+    breaks = dict(counters["graph_break"])
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.txt")
+    with open(path, "w") as f:
+        f.write(f"{name}: {steps} steps profiled; device kernels per step: {len(kernels) / steps:.0f}; "
+                f"graph breaks: {sum(breaks.values())} {breaks}\n\n")
+        f.write(prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90))
+    return path
+
+
 def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
     """Build, then answer ("step", None) with one step's times and ("finish", None) with peak memory."""
     import torch
@@ -256,6 +284,7 @@ def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     conn.send(("ready", {**info, "threads": torch.get_num_threads(), "torch": torch.__version__}))
+    peak = None
     while True:
         cmd, _ = conn.recv()
         if cmd == "step":
@@ -266,8 +295,11 @@ def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
             conn.send(("step", {"seconds": t1 - t0, "cpu_seconds": cpu, "loss": loss}))
+        elif cmd == "profile":
+            peak = _peak_memory(device)  # the steps' peak, before the profiler's own buffers
+            conn.send(("profile", {"path": _profile(step, batch, device, f"{impl}_{precision}", args.profile)}))
         elif cmd == "finish":
-            mib, how = _peak_memory(device)
+            mib, how = peak or _peak_memory(device)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)
             conn.send(("finish", {"peak_mib": mib, "memory_source": how, "ru_maxrss_mib": rss}))
             return
@@ -334,6 +366,9 @@ def bench_precision(ctx, precision: str, args: argparse.Namespace, log, read_pea
             if read_peak:
                 peak_reads.append(read_peak())
                 log(f"  {precision} matmul peak read: {peak_reads[-1] / 1e9:.1f} GFLOP/s")
+        if args.profile:
+            for impl, w in workers.items():
+                log(f"  {precision} {impl:12s} profiled: {w.ask('profile')['path']}")
         for impl, w in workers.items():
             res[impl].update(w.ask("finish"))
     finally:

@@ -66,10 +66,14 @@ def kept_fraction(p: float) -> float:
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout with p rounded to a multiple of 2**-15 (`dropout_keep_mask`): zero with that
-    probability, the rest scaled by 1 / (1 - it), so the expectation stays exactly x."""
+    """On the CPU, F.dropout with p rounded to a multiple of 2**-15 (`dropout_keep_mask`): zero with
+    that probability, the rest scaled by 1 / (1 - it), so the expectation stays exactly x. On other
+    devices F.dropout itself: compiled, inductor draws its Philox mask inside the fused pointwise
+    kernel, where the opaque mask op would write and re-read a mask per call."""
     if not training or p == 0.0:
         return x
+    if x.device.type != "cpu":
+        return torch.nn.functional.dropout(x, p, True)
     kept = kept_fraction(p)
     if kept <= 0.0:
         return torch.zeros_like(x)

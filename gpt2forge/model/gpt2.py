@@ -73,7 +73,7 @@ def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
 
 
 class Dropout(nn.Module):
-    """nn.Dropout with masks from `dropout_keep_mask`."""
+    """nn.Dropout with gpt2forge.model.dropout's `dropout` (its masks from `dropout_keep_mask` on the CPU)."""
 
     def __init__(self, p: float):
         super().__init__()

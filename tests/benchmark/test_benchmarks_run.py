@@ -73,8 +73,12 @@ def test_step_profile_prints_the_breakdown():
 
 def test_train_throughput_reads_the_peak_in_the_run(tmp_path):
     out = run(["benchmarks/train_throughput.py", "--model", "gpt2-test", "--batch-size", "1", "--seq-len", "16",
-               "--steps", "2", "--warmup", "1", "--precisions", "fp32", "--json", str(tmp_path / "r.json")])
+               "--steps", "2", "--warmup", "1", "--precisions", "fp32", "--json", str(tmp_path / "r.json"),
+               "--profile", str(tmp_path / "profile")])
     assert "ratio" in out and "MFU of the peak measured in this run" in out
+    for impl in ("ours", "transformers"):  # the profiled steps' tables
+        table = (tmp_path / "profile" / f"{impl}_fp32.txt").read_text()
+        assert f"{impl}_fp32: 2 steps profiled" in table and "graph breaks:" in table and "aten::mm" in table
     assert "against the best peak this machine has shown" in out
     (s,) = json.loads((tmp_path / "r.json").read_text())["results"]
     assert len(s["peak_reads_flops"]) == 3  # before the warm-up and after each of the 2 rounds

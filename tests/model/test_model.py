@@ -174,6 +174,25 @@ def test_fused_loss_over_several_logits_tiles_equals_plain_loss_and_gradients():
             torch.testing.assert_close(x.float(), ref.float(), rtol=1e-5, atol=1e-5)
 
 
+def test_dropout_off_the_cpu_is_torchs_own(monkeypatch):
+    # A CUDA tensor's dropout is F.dropout (exact p; inductor fuses its mask into the kernel), never the
+    # opaque mask op; the meta device stands in for CUDA (any device but the CPU takes the branch).
+    from gpt2forge.model import dropout as dropout_mod
+
+    def refused(x, p):
+        raise AssertionError("dropout_keep_mask called off the CPU")
+
+    monkeypatch.setattr(dropout_mod, "dropout_keep_mask", refused)
+    called = []
+    real = torch.nn.functional.dropout
+    monkeypatch.setattr(torch.nn.functional, "dropout", lambda x, p, training: called.append(p) or real(x, p, training))
+    x = torch.ones(64, 64, device="meta")
+    assert dropout_mod.dropout(x, 0.1, True).shape == x.shape and called == [0.1]
+    assert dropout_mod.dropout(x, 0.1, False) is x
+    with pytest.raises(AssertionError, match="off the CPU"):  # the CPU still draws with the op
+        dropout_mod.dropout(torch.ones(8, 8), 0.1, True)
+
+
 def _attention_with_recorded_masks(monkeypatch, q, k, v, p, rows):
     """Run causal_attention_dropout in `rows`-row query chunks, recording the chunk masks it draws
     and assembling them into one (B, H, T, T) mask for the spelled-out reference."""
