@@ -124,8 +124,13 @@ def child_op(args, variant: str) -> dict:
             else:
                 loss = lhl.fused_lm_head_loss(h, W, y, V)[0]
         loss.backward()
+        return loss
 
-    return _measure(step, device, args.repeats, release)
+    result = _measure(step, device, args.repeats, release)
+    release()
+    loss = step()  # what the variant computes, for the parent's comparison with plain's
+    result.update(loss=float(loss), grad_hidden_norm=float(h.grad.norm()), grad_weight_norm=float(W.grad.norm()))
+    return result
 
 
 def child_train(args, variant: str) -> dict:
@@ -176,7 +181,10 @@ def main(argv=None) -> int:
         fn = child_op if args.what == "op" else child_train
         print(json.dumps(fn(args, args.child)))
         return 0
-    variants = ("plain", "fused", "reference") if args.what == "op" else ("plain", "fused")
+    variants = ("plain", "fused") if args.what == "train" else ("plain", "fused", "reference")
+    device_type = args.device.split(":")[0]
+    if args.what == "op" and device_type not in ("cpu", "auto"):
+        variants = ("plain", "fused")  # off the CPU the fused op is the reference
     shape = (f"N={args.tokens} V={args.vocab} C={args.embd}" if args.what == "op" else
              f"{args.model} B={args.batch_size} T={args.seq_len}{' recompute' if args.recompute else ''}")
     print(f"{args.what}: {shape}, {args.precision}, best of {args.repeats}")
@@ -194,6 +202,11 @@ def main(argv=None) -> int:
         if args.what == "op":
             print(f"fused / plain: time {f['seconds'] / p['seconds']:.2f}x (target <= {OP_TARGET}), "
                   f"extra memory {f['extra_gib'] / p['extra_gib']:.3f}x")
+            for v, r in results.items():  # the same function: relative differences from plain's
+                if v != "plain" and "error" not in r:
+                    diffs = ", ".join(f"{k} {abs(r[k] - p[k]) / max(abs(p[k]), 1e-30):.1e}"
+                                      for k in ("loss", "grad_hidden_norm", "grad_weight_norm"))
+                    print(f"{v} against plain, relative differences: {diffs}")
         else:
             tot = [(r["base_gib"] + r["extra_gib"]) for r in (f, p)]
             print(f"fused / plain: peak memory {tot[0] / tot[1]:.2f}x (target <= {TRAIN_MEMORY_TARGET}), "

@@ -249,7 +249,7 @@ def _profile(step, batch, device, name: str, folder: str, steps: int = 2) -> str
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step(batch)
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     from torch._dynamo.utils import counters
 
@@ -297,7 +297,10 @@ def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
             conn.send(("step", {"seconds": t1 - t0, "cpu_seconds": cpu, "loss": loss}))
         elif cmd == "profile":
             peak = _peak_memory(device)  # the steps' peak, before the profiler's own buffers
-            conn.send(("profile", {"path": _profile(step, batch, device, f"{impl}_{precision}", args.profile)}))
+            try:  # a profiler failure costs the table, not the run's figures
+                conn.send(("profile", {"path": _profile(step, batch, device, f"{impl}_{precision}", args.profile)}))
+            except Exception:
+                conn.send(("profile", {"path": None, "error": traceback.format_exc(limit=3)}))
         elif cmd == "finish":
             mib, how = peak or _peak_memory(device)
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)
@@ -368,7 +371,8 @@ def bench_precision(ctx, precision: str, args: argparse.Namespace, log, read_pea
                 log(f"  {precision} matmul peak read: {peak_reads[-1] / 1e9:.1f} GFLOP/s")
         if args.profile:
             for impl, w in workers.items():
-                log(f"  {precision} {impl:12s} profiled: {w.ask('profile')['path']}")
+                r = w.ask("profile")
+                log(f"  {precision} {impl:12s} profiled: {r['path'] or 'failed: ' + r['error']}")
         for impl, w in workers.items():
             res[impl].update(w.ask("finish"))
     finally:

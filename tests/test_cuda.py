@@ -64,16 +64,18 @@ def cfg(make_tiny_config) -> Path:
 def test_fused_loss_on_cuda_matches_plain_cross_entropy():
     gpu_python("""
         import torch, torch.nn.functional as F
-        from gpt2forge.ops.lm_head_loss import fused_lm_head_loss
+        from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss
         g = torch.Generator().manual_seed(0)
         V, C, N = 1000, 64, 300
-        for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        cases = [(torch.float32, 1e-4, LossChunking()), (torch.bfloat16, 2e-2, LossChunking()),
+                 (torch.bfloat16, 2e-2, LossChunking(128)), (torch.bfloat16, 2e-2, LossChunking(64, 3))]
+        for dtype, tol, chunking in cases:  # one chunk; row chunks; rows and vocabulary chunks
             h = torch.randn(N, C, generator=g).cuda().requires_grad_()
             W = (torch.randn(1024, C, generator=g) * 0.1).cuda().requires_grad_()
             y = torch.randint(0, V, (N,), generator=g).cuda()
             y[::7] = -100
             with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
-                loss = fused_lm_head_loss(h, W, y, V)[0]
+                loss = fused_lm_head_loss(h, W, y, V, -100, chunking)[0]
             loss.backward()
             got = (loss.detach(), h.grad.clone(), W.grad.clone())
             h.grad = W.grad = None

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import os
 import shutil
 import sys
@@ -34,6 +33,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError, cli_main
 
 ENV_VAR = "GPT2FORGE_EVAL_DATA"
@@ -84,14 +84,6 @@ def cache_dir(out: str | None = None) -> Path:
     return base / "gpt2forge" / "eval-data"
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def parquet_lines_to_text(parquet: Path) -> bytes:
     """The original text file from `datasets`' one-row-per-line table (blank lines are empty rows)."""
     try:
@@ -121,7 +113,7 @@ def default_file(set_name: str, out: str | None = None) -> Path:
 
 def _install(data: Path, spec: EvalFile, root: Path, origin: str) -> None:
     """Check `data`'s checksum, then move a copy into the cache atomically."""
-    got = sha256_of(data)
+    got = file_sha256(data)
     if got != spec.sha256:
         raise UsageError(f"{origin}: sha256 {got[:16]}... is not the expected {spec.sha256[:16]}... of "
                          f"{spec.path}; the file is a different version or damaged (fetch it again, or use "
@@ -171,7 +163,7 @@ def fetch(set_names: list[str], out: str | None = None, source: str | None = Non
     done = []
     for spec in (s for name in set_names for s in SETS[name]):
         target = root / spec.path
-        if target.is_file() and sha256_of(target) == spec.sha256:
+        if target.is_file() and file_sha256(target) == spec.sha256:
             print(f"{target}: present and checked")
         elif source is not None:
             local = _from_local(spec, Path(source))

@@ -33,8 +33,16 @@ from gpt2forge.core.capability import capabilities
 from gpt2forge.ops import library as custom_ops
 
 LOGITS_CHUNK_ELEMENTS = 1 << 25
-"""Default rows per chunk = this / vocabulary-chunk width: about 128 MB of fp32 logits at a time
-(667 rows at V = 50,257; fewer, smaller chunks cost more passes over the weight gradient)."""
+"""Default rows per chunk on the CPU = this / vocabulary-chunk width: about 128 MB of fp32 logits
+at a time (667 rows at V = 50,257; fewer, smaller chunks cost more passes over the weight gradient)."""
+
+GPU_LOGITS_CHUNK_ELEMENTS = 1 << 27
+"""The same on a GPU, where each chunk also adds a (V, C) weight-gradient term into fp32 and launches
+its kernels from Python: 2,624 rows at V = 50,257 (512 MB of fp32 logits, 6 chunks for B=16 x 1,024
+tokens), a multiple of GPU_ROW_MULTIPLE."""
+
+GPU_ROW_MULTIPLE = 64
+"""A GPU chunk's rows are a multiple of this: the matmuls' M and K dimensions stay tile-aligned."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,11 +69,14 @@ class LossChunking:
     vocab_chunks: int = 1
     """Vocabulary pieces per row chunk; > 1 trades one extra logits matmul for 1/F the buffer."""
 
-    def rows(self, vocab_size: int) -> int:
+    def rows(self, vocab_size: int, device_type: str = "cpu") -> int:
+        """Rows per chunk on a device of `device_type` ("cpu", "cuda", ...)."""
         if self.token_chunk is not None:
             return self.token_chunk
         width = math.ceil(vocab_size / self.vocab_chunks)
-        return max(1, LOGITS_CHUNK_ELEMENTS // width)
+        if device_type == "cpu":
+            return max(1, LOGITS_CHUNK_ELEMENTS // width)
+        return max(GPU_ROW_MULTIPLE, GPU_LOGITS_CHUNK_ELEMENTS // width // GPU_ROW_MULTIPLE * GPU_ROW_MULTIPLE)
 
 
 def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int,
@@ -254,7 +265,7 @@ def fused_lm_head_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
     device = hidden.device.type
     cdt = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     compute_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    stats, _, _ = _fused(hidden, weight, labels, vocab_size, ignore_index, chunking.rows(vocab_size),
+    stats, _, _ = _fused(hidden, weight, labels, vocab_size, ignore_index, chunking.rows(vocab_size, device),
                          chunking.vocab_chunks, str(cdt).removeprefix("torch."), compute_grad)
     # The loss is a copy, not the view stats[0]: FSDP2 hooks a wrapped module's outputs for backward,
     # and a view's in-place use would drop that hook (torch warns once per forward under --offload full).

@@ -239,7 +239,7 @@ def build_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: ModelConfig, se
         if s == S - 1:
             rows = B * T if memory.lm_loss == "plain" else min(B * T, LossChunking(
                 memory.serialized_seq_len if memory.enable_sequence_serialized else None,
-                memory.embedding_serialization_factor).rows(model_cfg.vocab_size))
+                memory.embedding_serialization_factor).rows(model_cfg.vocab_size, device.type))
             chunks = memory.embedding_serialization_factor
             width = V if memory.lm_loss == "plain" else -(-model_cfg.vocab_size // chunks)
             if N > 1:  # the vocabulary-parallel loss: plain cross-entropy on this rank's 1/N of the logits

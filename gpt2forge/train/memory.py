@@ -103,7 +103,7 @@ def apply_memory_features(model: GPT2LMHeadModel, cfg: MemoryArgs, device: torch
     model.fused_loss = lm_loss_chunking(cfg.lm_loss, cfg.remap_logit, cfg.enable_sequence_serialized,
                                         cfg.serialized_seq_len, cfg.embedding_serialization_factor)
     if model.fused_loss is not None:
-        rows = model.fused_loss.rows(model.config.vocab_size)
+        rows = model.fused_loss.rows(model.config.vocab_size, device.type)
         log.info(f"LM loss: fused, {rows} tokens x {model.fused_loss.vocab_chunks} vocabulary chunk(s) at a time")
         if device.type != "cpu":
             log.notice(f"fused LM loss on {device.type}: the chunked PyTorch implementation runs (the C++ kernel "

@@ -120,3 +120,12 @@ def test_blend_order_compares_with_the_python_order():
     out = run(["benchmarks/blend_order.py", "--samples", "2e4", "--python-samples", "2e3", "--repeats", "1"])
     assert "ours (C++ op)" in out and "ns/sample" in out
     assert re.search(r"Python reference .* ours is \d+x faster; arrays equal", out)
+
+
+def test_lm_head_memory_op_checks_the_fused_function_against_plain():
+    out = run(["benchmarks/lm_head_memory.py", "op", "--tokens", "96", "--vocab", "512", "--embd", "32",
+               "--repeats", "1", "--device", "cpu"])
+    lines = [line for line in out.splitlines() if "against plain, relative differences" in line]
+    assert len(lines) == (2 if has_op("lm_head_ce") else 1), out  # fused (the C++ op, if built) and reference
+    for line in lines:
+        assert all(float(x) < 1e-4 for x in re.findall(r"(\d\.\de[-+]\d+)", line)), line

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
 from gpt2forge.evaluation import fetch
 
@@ -17,7 +18,7 @@ def test_from_imports_checks_and_skips_when_present(tmp_path, eval_data, capsys)
     out = tmp_path / "cache"
     assert fetch.main(["all", "--from", str(eval_data), "--out", str(out)]) == 0
     for spec in (s for files in fetch.SETS.values() for s in files):
-        assert fetch.sha256_of(out / spec.path) == spec.sha256 == fetch.sha256_of(eval_data / spec.path)
+        assert file_sha256(out / spec.path) == spec.sha256 == file_sha256(eval_data / spec.path)
     assert "imported" in capsys.readouterr().out
     assert fetch.main(["all", "--from", str(eval_data), "--out", str(out)]) == 0
     assert capsys.readouterr().out.count("present and checked") == 4
@@ -62,7 +63,7 @@ def test_hub_path_rebuilds_the_original_files(tmp_path, eval_data):
         return str(served[(repo_id, filename)])
 
     paths = fetch.fetch(list(fetch.SETS), out=str(tmp_path / "cache"), download=download)
-    assert [fetch.sha256_of(p) for p in paths] == [s.sha256 for files in fetch.SETS.values() for s in files]
+    assert [file_sha256(p) for p in paths] == [s.sha256 for files in fetch.SETS.values() for s in files]
 
 
 def test_offline_and_missing_are_one_line_with_the_command(tmp_path, monkeypatch):

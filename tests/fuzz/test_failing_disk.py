@@ -67,7 +67,8 @@ def test_write_into_tfrecord(tmp_path):
     proc = run([str(ROOT / "data" / "write_into_tfrecord.py"), "--input-file-path", str(tmp_path / "c_text_document"),
                 "--output-file-path", str(out), "--seq-length", "16"], 4_000, tmp_path)
     assert_one_line_exit_2(proc, str(out))
-    assert leftovers(out) == [] if out.exists() else True
+    assert out.is_dir(), "the writer failed before its folder: the disk limit was never reached"
+    assert leftovers(out) == []
 
 
 def test_train_tokenizer_files(tmp_path):
@@ -76,7 +77,8 @@ def test_train_tokenizer_files(tmp_path):
     proc = run([str(ROOT / "data" / "train_tokenizer.py"), "--input", str(src), "--vocab-size", "400",
                 "--output-dir", str(out)], 2_000, tmp_path)
     assert_one_line_exit_2(proc, str(out))
-    assert not any(name.startswith(".") or name.endswith(".tmp") for name in leftovers(out)) if out.exists() else True
+    assert out.is_dir(), "the trainer failed before its folder: the disk limit was never reached"
+    assert not any(name.startswith(".") or name.endswith(".tmp") for name in leftovers(out)), leftovers(out)
     assert not (out / "tokenizer.json").exists() and not (out / "merges.txt").exists()
 
 

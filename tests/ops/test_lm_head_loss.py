@@ -290,3 +290,14 @@ def test_compiled_row_pass_equals_eager():
         assert got[3].dtype == dtype
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_a_gpu_chunk_is_larger_and_tile_aligned():
+    from gpt2forge.ops.lm_head_loss import GPU_ROW_MULTIPLE, LOGITS_CHUNK_ELEMENTS
+
+    cpu, gpu = LossChunking().rows(50257), LossChunking().rows(50257, "cuda")
+    assert cpu == LOGITS_CHUNK_ELEMENTS // 50257 == 667  # the CPU kernel's measured chunk, unchanged
+    assert gpu % GPU_ROW_MULTIPLE == 0 and gpu >= 4 * cpu  # 2,624: 6 chunks for 16 x 1,024 tokens
+    assert LossChunking(vocab_chunks=4).rows(50257, "cuda") % GPU_ROW_MULTIPLE == 0
+    assert LossChunking(token_chunk=100).rows(50257, "cuda") == 100  # --serialized-seq-len is taken as given
+    assert LossChunking().rows(10**9, "cuda") == GPU_ROW_MULTIPLE  # never below one aligned tile
