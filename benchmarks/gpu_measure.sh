@@ -4,7 +4,7 @@
 # as gpu_check.sh (--dry-run, --device, --budget); results in $OUT/gpu_measure.json and
 # gpu_measure_logs.tar.gz (with each benchmark's own JSON).
 #
-#   train_bf16      GPT-2 small, B=16, T=1024, bf16, compiled, fused LM-head loss: tokens/s and MFU
+#   train_bf16      GPT-2 small, B=16, T=1024, bf16, compiled, the default LM loss: tokens/s and MFU
 #                   (against the matmul peak read in the run; MFU* against the data sheet) next to
 #                   transformers.GPT2LMHeadModel (SDPA) compiled with fused AdamW; then 2 steps of
 #                   each under torch.profiler (logs/profile/*.txt: kernels by time, graph breaks)
@@ -12,7 +12,7 @@
 #                   memory and the loss and gradient norms against the full-logits path
 #   decode_bf16     generation at batch 1 and 8, bf16, CUDA graphs, against transformers' generate and
 #                   the floor of the memory bandwidth read in the same run
-#   train_bf16_plain_loss   train_bf16 with --lm-loss plain (the full logits)
+#   train_bf16_fused_loss   train_bf16 with --lm-loss fused (the chunked LM head + loss)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 NAME=gpu_measure BUDGET=560
@@ -40,9 +40,9 @@ step lm_head_op 120 bash -c "$(printf '%q ' "$PY" benchmarks/lm_head_memory.py o
 step decode_bf16 90 "$PY" benchmarks/generation_latency.py --device "$DEVICE" --precisions bf16 "${DECODE_SIZE[@]}" \
     --hf-threads default --json "$LOGS/decode_bf16.json"
 [ "$DRY" = 1 ] || finish
-# The same training with the full-logits loss: what the fused LM head costs or saves inside a whole step.
-step train_bf16_plain_loss 150 "$PY" benchmarks/train_throughput.py --device "$DEVICE" --precisions bf16 \
-    "${TRAIN_SIZE[@]}" --lm-loss plain --transformers-compiled --include-emulated --json "$LOGS/train_bf16_plain.json"
+# The same training with the fused loss: what the chunked LM head costs or saves inside a whole step.
+step train_bf16_fused_loss 150 "$PY" benchmarks/train_throughput.py --device "$DEVICE" --precisions bf16 \
+    "${TRAIN_SIZE[@]}" --lm-loss fused --transformers-compiled --include-emulated --json "$LOGS/train_bf16_fused.json"
 [ "$DRY" = 1 ] && exit 0
 finish
 echo "gpu_measure: $((SECONDS - START)) s; summary $OUT/gpu_measure.json"

@@ -5,7 +5,8 @@ One training step = forward + loss + backward + optimizer update on one (B, T) b
   ours          gpt2forge as the trainer runs it with `--torch-compile true` (what `make train`
                 passes; the default `auto` compiles on CUDA only): `step.train_step` on the
                 `torch.compile`d model (default mode), fused AdamW from `optim.build_optimizer`,
-                the fused LM head + loss (`--lm-loss fused`, the default), summed loss / tokens
+                the trainer's default LM loss (`--lm-loss auto`: the fused LM head + loss on the
+                CPU, the full logits on a GPU), summed loss / tokens
   transformers  `transformers.GPT2LMHeadModel` (attn_implementation="sdpa"), eager, HF's own loss
                 via `labels=`, `torch.optim.AdamW` with its default implementation flags
 
@@ -69,8 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="untimed steps first (the first one compiles ours); at least 1")
     p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16, fp16")
     p.add_argument("--model", default="gpt2", help="gpt2forge model preset (config/)")
-    p.add_argument("--lm-loss", default="fused", choices=("fused", "plain"),
-                   help="ours: the trainer's --lm-loss (fused: chunked LM head + loss, never the full logits)")
+    p.add_argument("--lm-loss", default="auto", choices=("auto", "fused", "plain"),
+                   help="ours: the trainer's --lm-loss (fused: chunked LM head + loss, never the full logits; auto: "
+                        "fused on the CPU, plain on a GPU)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--seed", type=int, default=1234, help="seeds the weights, the batch and dropout")
     p.add_argument("--learning-rate", type=float, default=1e-4, help="AdamW learning rate (both)")

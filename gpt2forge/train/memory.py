@@ -33,7 +33,7 @@ from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.ops.lm_head_loss import LossChunking
-from gpt2forge.parallel.memory_plan import MemoryArgs
+from gpt2forge.parallel.memory_plan import MemoryArgs, resolved_lm_loss
 
 
 def lm_loss_chunking(kind: str, remap_logit: bool, sequence_serialized: bool, serialized_seq_len: int,
@@ -100,8 +100,9 @@ def reset_peak_memory(device: torch.device) -> None:
 def apply_memory_features(model: GPT2LMHeadModel, cfg: MemoryArgs, device: torch.device) -> None:
     """Apply the loss implementation and activation checkpointing that `cfg` asks for (before
     torch.compile)."""
-    model.fused_loss = lm_loss_chunking(cfg.lm_loss, cfg.remap_logit, cfg.enable_sequence_serialized,
-                                        cfg.serialized_seq_len, cfg.embedding_serialization_factor)
+    model.fused_loss = lm_loss_chunking(resolved_lm_loss(cfg, device.type), cfg.remap_logit,
+                                        cfg.enable_sequence_serialized, cfg.serialized_seq_len,
+                                        cfg.embedding_serialization_factor)
     if model.fused_loss is not None:
         rows = model.fused_loss.rows(model.config.vocab_size, device.type)
         log.info(f"LM loss: fused, {rows} tokens x {model.fused_loss.vocab_chunks} vocabulary chunk(s) at a time")

@@ -13,7 +13,7 @@ SCRIPTS = {
     "gpu_check.sh": ["env", "imports", "ops_build", "memory_plan", "cuda_tests", "train_bf16_packed",
                      "resume_bf16_packed", "losses_after_resume", "generate_eager_vs_graphs",
                      "train_dropout_recompute_profiled", "train_fp16_dynamic_scaling", "train_offload_full"],
-    "gpu_measure.sh": ["train_bf16", "train_bf16_plain_loss", "decode_bf16", "lm_head_op"],
+    "gpu_measure.sh": ["train_bf16", "lm_head_op", "decode_bf16", "train_bf16_fused_loss"],
 }
 
 

@@ -297,7 +297,19 @@ def test_a_gpu_chunk_is_larger_and_tile_aligned():
 
     cpu, gpu = LossChunking().rows(50257), LossChunking().rows(50257, "cuda")
     assert cpu == LOGITS_CHUNK_ELEMENTS // 50257 == 667  # the CPU kernel's measured chunk, unchanged
-    assert gpu % GPU_ROW_MULTIPLE == 0 and gpu >= 4 * cpu  # 2,624: 6 chunks for 16 x 1,024 tokens
+    assert gpu % GPU_ROW_MULTIPLE == 0 and gpu >= cpu  # 1,280: 13 chunks for 16 x 1,024 tokens
     assert LossChunking(vocab_chunks=4).rows(50257, "cuda") % GPU_ROW_MULTIPLE == 0
     assert LossChunking(token_chunk=100).rows(50257, "cuda") == 100  # --serialized-seq-len is taken as given
     assert LossChunking().rows(10**9, "cuda") == GPU_ROW_MULTIPLE  # never below one aligned tile
+
+
+def test_auto_lm_loss_is_fused_on_the_cpu_and_plain_on_a_gpu_unless_chunks_are_asked_for():
+    from gpt2forge.parallel.memory_plan import MemoryArgs, resolved_lm_loss
+
+    assert resolved_lm_loss(MemoryArgs(), "cpu") == "fused"
+    assert resolved_lm_loss(MemoryArgs(), "cuda") == "plain"
+    for asked in (dict(remap_logit=True), dict(enable_sequence_serialized=True),
+                  dict(embedding_serialization_factor=2)):
+        assert resolved_lm_loss(MemoryArgs(**asked), "cuda") == "fused", asked
+    assert resolved_lm_loss(MemoryArgs(lm_loss="fused"), "cuda") == "fused"
+    assert resolved_lm_loss(MemoryArgs(lm_loss="plain"), "cpu") == "plain"
