@@ -7,6 +7,7 @@ import time
 
 import netns
 import pytest
+from cluster_fixtures import cluster_fixture  # noqa: F401  (the fixture `cluster`)
 
 # A TCP round trip from the node it runs on to `host`:`port` (a listener on the other node), in ms;
 # "timeout" when nothing answers within 2 s, nothing (and the error on stderr) on another error.

@@ -1,12 +1,15 @@
-"""Fixtures of the namespaced-cluster tests: `cluster(n)` builds n nodes (tests/cluster/netns.py)
-and tears them down after the test, whatever its outcome. The whole folder skips, with the
-reason, where namespaces cannot be made (not root, no iproute2, `ip netns add` refused: CI
-containers often).
+"""Fixtures of the namespaced-cluster tests (imported by each test module: a conftest.py here
+would shadow tests/conftest.py, which other modules import as `conftest`): `cluster(n)` builds n
+nodes (tests/cluster/netns.py) and tears them down after the test, whatever its outcome (each
+test module imports `cluster_fixture`, registered under the name `cluster`). Every
+test that asks for one skips, with the reason, where namespaces cannot be made (not root, no
+iproute2, `ip netns add` refused: CI containers often).
 
-Tests marked `chaos` (the longer fault cases) run only under `make chaos` (GPT2FORGE_CHAOS=1);
-`make test` runs the parity case and one fault case, to stay within CI's time.
+`chaos` marks the longer fault cases: they run only under `make chaos` (GPT2FORGE_CHAOS=1);
+`make test` runs the harness, the parity case and one fault case, to stay within CI's time.
 """
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -14,22 +17,14 @@ from pathlib import Path
 import netns
 import pytest
 import scheduler_stand_ins as scheduler
+from conftest import TINY_MODEL  # tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[2]
 _UNAVAILABLE: list[str | None] = []  # probed once per session
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "chaos: a longer cluster fault case, run by `make chaos` (GPT2FORGE_CHAOS=1)")
-
-
-def pytest_collection_modifyitems(config, items):
-    if os.environ.get("GPT2FORGE_CHAOS") == "1":
-        return
-    skip = pytest.mark.skip(reason="a longer cluster fault case: `make chaos` runs it (GPT2FORGE_CHAOS=1)")
-    for item in items:
-        if "chaos" in item.keywords:
-            item.add_marker(skip)
+chaos = pytest.mark.skipif(os.environ.get("GPT2FORGE_CHAOS") != "1",
+                           reason="a longer cluster case: `make chaos` runs it (GPT2FORGE_CHAOS=1)")
 
 
 def _unavailable() -> str | None:
@@ -54,8 +49,18 @@ def node_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture()
-def cluster(tmp_path):
+@pytest.fixture(scope="session", name="tiny_config")
+def tiny_config_fixture(tmp_path_factory) -> Path:
+    """The suite's 2-layer test model without dropout, one file for the session (so the one-process
+    runs the jobs are compared with are run once: jobs.single_process keeps them)."""
+    path = tmp_path_factory.mktemp("cluster_model") / "tiny.json"
+    path.write_text(json.dumps({**TINY_MODEL, "n_positions": 32, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                "attn_pdrop": 0.0}))
+    return path
+
+
+@pytest.fixture(name="cluster")
+def cluster_fixture(tmp_path):
     """`cluster(n)`: n namespaced nodes (2 to 4), torn down after the test."""
     reason = _unavailable()
     if reason is not None:
