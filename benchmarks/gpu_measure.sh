@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures, each against a peer in the same run on the same GPU (about 9 minutes on one
+# The GPU figures, each against a peer in the same run on the same GPU (about 5 minutes on one
 # H200), one after the other so that no two share the GPU while timed. Same requirements and flags
 # as gpu_check.sh (--dry-run, --device, --budget); results in $OUT/gpu_measure.json and
 # gpu_measure_logs.tar.gz (with each benchmark's own JSON).
