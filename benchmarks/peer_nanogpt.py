@@ -125,7 +125,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wait-quiet", type=float, default=120.0,
                    help="seconds to wait for a 1-minute load below 0.5 before the first run (then warn)")
     p.add_argument("--json", default=None, help="write every run's numbers and the summary here")
+    p.add_argument("--nanogpt-runs", default=None, metavar="JSON",
+                   help="take the nanoGPT arm's runs from an earlier --json of this benchmark with the same seeds, "
+                        "steps, evaluations, held-out windows, corpus and nanoGPT settings, and run ours only (an "
+                        "ablation of --ours-flags against the same peer runs; the wall-time ratios then compare "
+                        "runs of different times: check the load of both)")
     return p.parse_args(argv)
+
+
+SAME_PEER = ("steps", "warmup", "eval_every", "val_num", "corpus", "model_config", "nanogpt_vocab_size",
+             "nanogpt_flags")
+"""The arguments an earlier run's nanoGPT arm must share for --nanogpt-runs to reuse it."""
+
+
+def reused_nanogpt_runs(args: argparse.Namespace, seeds: list[int]) -> dict[int, dict] | str:
+    """--nanogpt-runs: the earlier nanoGPT runs by seed, or why they cannot stand in (one line)."""
+    try:
+        earlier = json.loads(Path(args.nanogpt_runs).read_text())
+        runs = {r["seed"]: r for r in earlier["runs"] if r["arm"] == "nanogpt"}
+        before = earlier["args"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"--nanogpt-runs {args.nanogpt_runs}: not a --json of this benchmark ({e})"
+    differ = [k for k in SAME_PEER if before.get(k) != getattr(args, k)]
+    if differ:
+        flags = ", ".join("--" + k.replace("_", "-") for k in differ)
+        return f"--nanogpt-runs {args.nanogpt_runs}: its runs had other {flags}; run both arms again"
+    if missing := [s for s in seeds if s not in runs]:
+        return f"--nanogpt-runs {args.nanogpt_runs}: no nanoGPT run of seed(s) {', '.join(map(str, missing))}"
+    return runs
 
 
 def usage_problem(args: argparse.Namespace) -> str | None:
@@ -396,10 +423,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.steps} updates, held-out every {args.eval_every} ({args.val_num} windows), seeds {seeds}, "
           f"ours flags: {args.ours_flags or '(Makefile TRAIN_ARGS)'}\nnanoGPT, in a folder per seed: "
           f"{shlex.join(command[1:])}", flush=True)
+    reused = {}
+    if args.nanogpt_runs:
+        reused = reused_nanogpt_runs(args, seeds)
+        if isinstance(reused, str):
+            print(f"error: {reused}", file=sys.stderr)
+            return 2
+        print(f"nanoGPT's runs: from {args.nanogpt_runs} (ours only runs now)")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, seed in enumerate(seeds):
             for arm in ("ours", "nanogpt") if k % 2 == 0 else ("nanogpt", "ours"):  # load drift hits both
+                if arm == "nanogpt" and reused:
+                    runs.append(reused[seed])
+                    continue
                 runs.append(run_arm(arm, seed, args, Path(tmp), first=not runs))
     summary = summarize(runs)
     report(summary, seeds)

@@ -135,3 +135,26 @@ def test_smoke_both_arms_print_and_record_every_number(tmp_path, corpus):
     assert abs(dict(peer["own_val_estimate"])[4] - peer["curve"][-1][1]) < 0.5
     assert set(result["summary"]["wall_ratios"]) == {"0"} and "mean_wall_ratio" in result["summary"]
     assert result["nanogpt_command"][1] == "seed_offset.py"
+    # An ablation of ours against the same nanoGPT runs: only ours runs again.
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/peer_nanogpt.py", "--nanogpt", str(NANOGPT), "--steps", "4", "--warmup", "1",
+         "--eval-every", "2", "--seeds", "0", "--val-num", "8", "--corpus", str(corpus), "--model-config",
+         str(tmp_path / "config.json"), "--ours-flags", "--torch-compile false --windows random", "--wait-quiet",
+         "0", "--nanogpt-runs", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"nanoGPT's runs: from {tmp_path / 'r.json'}" in proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("nanogpt  seed 0:"))
+    assert f"wall {peer['wall_s']:.1f} s" in line  # the earlier run's figures, not a new run's
+
+
+def test_reused_nanogpt_runs_must_share_the_peer_settings(bench, tmp_path):
+    earlier = tmp_path / "r.json"
+    args = bench.parse_args(["--nanogpt", str(tmp_path), "--seeds", "0,1", "--nanogpt-runs", str(earlier)])
+    earlier.write_text(json.dumps({"args": {**vars(args), "steps": args.steps + 1},
+                                   "runs": [run_record("nanogpt", 0, [], 1.0)]}))
+    assert "its runs had other --steps; run both arms again" in bench.reused_nanogpt_runs(args, [0])
+    earlier.write_text(json.dumps({"args": vars(args), "runs": [run_record("nanogpt", 0, [], 1.0)]}))
+    assert bench.reused_nanogpt_runs(args, [0])[0]["wall_s"] == 1.0
+    assert "no nanoGPT run of seed(s) 1" in bench.reused_nanogpt_runs(args, [0, 1])
+    earlier.write_text("{}")
+    assert "not a --json of this benchmark" in bench.reused_nanogpt_runs(args, [0])
