@@ -1,14 +1,14 @@
 // gpt2forge custom ops: the namespace owner, a build description and one small CPU kernel.
 //
-// All files in custom_ops/ are linked into one library, build/custom_ops/gpt2forge_ops.so
-// (`make`, or `python -m gpt2forge.custom_ops build`), loaded by
-// gpt2forge.custom_ops.load_custom_ops(). This file holds the one TORCH_LIBRARY(gpt2forge, m)
+// All files in custom_ops/ are linked into one library, build/custom_ops/gpt2forge_ops.so (a
+// second venv's under build/<venv>/; `make`, or `python -m gpt2forge.ops.build build`), loaded by
+// gpt2forge.ops.library.load_custom_ops(). This file holds the one TORCH_LIBRARY(gpt2forge, m)
 // block; every other source file adds its ops with TORCH_LIBRARY_FRAGMENT(gpt2forge, m), since
 // a namespace may have only one TORCH_LIBRARY.
 //
-// Every op has a pure-PyTorch reference in gpt2forge/custom_ops.py with the same argument checks
-// and messages: it is the fallback when this library is not built and the oracle of
-// tests/test_custom_ops.py.
+// Every op has a pure-PyTorch (or numpy) reference beside its Python wrapper, with the same
+// argument checks and messages: it is the fallback when this library is not built and the oracle
+// of tests/ops/test_custom_ops.py.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
@@ -83,7 +83,7 @@ std::string build_info() {
 // gpt2forge::scaled_add_(Tensor(a!) x, Tensor y, float alpha) -> Tensor(a!)
 // x += alpha * y, elementwise and in place; returns x. x and y: float32, same shape,
 // contiguous, on the CPU. No autograd formula: it is an update for no-grad code (an SGD step);
-// gpt2forge.custom_ops.scaled_add_ routes differentiable calls to the reference.
+// gpt2forge.ops.library.scaled_add_ routes differentiable calls to the reference.
 at::Tensor& scaled_add_(at::Tensor& x, const at::Tensor& y, double alpha) {
   TORCH_CHECK_TYPE(
       x.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat,

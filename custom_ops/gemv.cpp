@@ -30,7 +30,7 @@
 // there through conversions at about 1 GFLOP/s.
 //
 // x (M, K) and W (N, K) on the CPU, both fp32 or both bf16, b (N,) of the same dtype or absent. The PyTorch
-// reference is F.linear (gpt2forge.gemv.gemv_linear falls back to it, and tests compare
+// reference is F.linear (gpt2forge.generate.gemv.gemv_linear falls back to it, and tests compare
 // against it); the sums are taken in another order, so results agree to fp32 rounding. Each
 // row's sum is taken the same way whichever thread, chunk or stream computes it, and (with AVX2)
 // however many rows of x share the call: results do not depend on the thread or stream count, and

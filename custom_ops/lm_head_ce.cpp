@@ -15,8 +15,8 @@
 // Precision: the matmuls run in `compute_dtype` (bf16/fp16 under autocast, else the input's
 // dtype); softmax statistics, the loss and the weight gradient accumulate in fp32.
 //
-// The pure-PyTorch reference with the same contract is gpt2forge.lm_head_loss.lm_head_ce_reference:
-// the fallback when this library is not built and the oracle of tests/test_lm_head_loss.py.
+// The pure-PyTorch reference with the same contract is gpt2forge.ops.lm_head_loss.lm_head_ce_reference:
+// the fallback when this library is not built and the oracle of tests/ops/test_lm_head_loss.py.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -3,8 +3,8 @@
 // The C++ twin of Megatron's megatron/data/helpers.cpp `build_sample_idx`, as a torch op (no
 // pybind11 module of its own): it joins the one gpt2forge library through
 // TORCH_LIBRARY_FRAGMENT (custom_ops/build_info.cpp owns TORCH_LIBRARY). Its numpy reference,
-// the fallback when the library is not built and the oracle of tests/test_readers.py, is
-// `gpt2forge.datasets.mmap.build_sample_idx_reference`.
+// the fallback when the library is not built and the oracle of tests/data/test_readers.py, is
+// `gpt2forge.data.mmap.build_sample_idx_reference`.
 //
 // Differences from Megatron's helper: the same rows, computed per chunk of doc_idx on OpenMP
 // threads, looping over documents rather than samples; every counter is int64 and the output is
