@@ -5,24 +5,19 @@
 // M = 1..8 rows read GPT-2 small's 498 MB of fp32 weights at 12-17 GB/s on the 2-core AVX2
 // development machine. This kernel hands W out in chunks of rows to the calling thread and its
 // helper threads (Pool, pool.h). Within a chunk, one row of x is multiplied with S rows of W at a
-// time, taken from S slices of the chunk, so that S read streams are in flight (S = 4 or 8, set by
-// gpt2forge::gemv_set_streams: which is faster depends on the machine's memory system, so
-// gpt2forge.generate.generator measures both). On the AVX2 machine 8 streams read 17-21 GB/s on
-// one core where a row after another gave 13-15 (torch's sum() 14-17), two cores 20-24, and 4
-// streams 0.95-0.97x that; on the 2-core AVX-512 EPYC a whole GPT-2 small token took 8.44 ms with
-// 4 streams and 9.67 ms with 8 (medians of 4 interleaved generations, docs/benchmarks.md).
+// time, taken from S slices of the chunk, so that S read streams are in flight (on the AVX2 machine
+// 8 streams read 17-21 GB/s on one core where a row after another gave 13-15). S is 4 or 8, set by
+// gpt2forge::gemv_set_streams: which is faster depends on the machine's memory system (8 on the
+// AVX2 machine, 4 on the AVX-512 EPYC), so gpt2forge.generate.generator measures both.
 //
 // Chunks are guided: each takes 1/(2 x threads) of the rows still unassigned, at most kMaxChunkBytes
 // of W and at least kMinChunkBytes, so the last chunks are small and no thread waits long for
-// another's. Longer chunks restart the read streams less often: with fixed chunks and 4 streams that
-// token took 8.71 ms with 768 KiB chunks, 8.47 with 1.5 MiB and 9.78 with 3 MiB (probably the last
-// chunks leaving one thread idle), against 9.69 ms for the earlier 384 KiB chunks with 8 streams; the
-// guided 1.5 MiB chunks 8.41 ms. With more rows of x each row of W is read once and multiplied
-// into up to 8 rows of x at a time (8 AVX2 accumulators), so batch 8 costs little more memory
-// traffic than batch 1; x is packed once per call so that each step's 8 x vectors are contiguous
-// (pack_rows): the decode weights at 8 rows took 22.8-23.1 against 24.2-24.5 ms unpacked (three
-// alternating runs; one run in a slower memory state gave 25.5), and 18.0-18.7 ms once the results
-// also went through a tile (GemvJob::rows).
+// another's, and the chunks before them are long, restarting the read streams less often. With more
+// rows of x each row of W is read once and multiplied into up to 8 rows of x at a time (8 AVX2
+// accumulators), so batch 8 costs little more memory traffic than batch 1; x is packed once per
+// call so that each step's 8 x vectors are contiguous (pack_rows), and the results go through a
+// tile (GemvJob::rows). The measurements behind these choices: docs/benchmarks.md, "Design
+// measurements".
 //
 // bf16 weights are read as bf16 (half the bytes) and widened to fp32 in registers; x and the
 // accumulation are fp32 (x is converted once per call), the result is rounded to x's dtype. On a
@@ -78,30 +73,23 @@ void dots_portable(const float* __restrict x, int64_t ldx, const W* __restrict w
 
 #ifdef GPT2FORGE_AVX2
 // How far ahead of its reads each stream asks for W's lines. The hardware prefetchers restart at
-// every chunk and slice; asking 1 KiB ahead made a GPT-2 small token 10.74 against 11.25 ms
-// (medians of 8 interleaved generations, 44-48 GB/s state, AVX-512 EPYC; 2 and 4 KiB gave 10.95
-// and 11.32 ms), and 12.10 against 12.76 ms in another run (faster in all 14 rounds, 36-45 GB/s).
+// every chunk and slice; asking 1 KiB ahead made a GPT-2 small token 10.74 against 11.25 ms on the
+// AVX-512 EPYC (2 and 4 KiB ahead were no better).
 constexpr int64_t kAheadBytes = 1024;
-// The several-rows loops read one row of W at a time, each row one stream: asking 1 KiB ahead left
-// a core at 8-9 GB/s with 2 to 8 rows of x on the 2-core AMX Xeon (one row of x, with its 4-8 streams:
-// 16), and 4 KiB ahead (into the next rows) 10-12 (a 1 GiB W of 768-value rows, 2 threads: 2 rows of
-// x 18.2 -> 22.6-24.8 GB/s, 8 rows 16.3-17.1 -> 18.8-21.9; 2 and 6 KiB alike, 8 KiB less).
+// The several-rows loops read one row of W at a time, each row one stream: asking 4 KiB ahead (into
+// the next rows) instead of 1 KiB took two threads from 18.2 to 22.6-24.8 GB/s with 2 rows of x on
+// the AMX Xeon.
 constexpr int64_t kPackedAheadBytes = 4096;
 
 // Which prefetch instruction asks for W is a setting (gpt2forge::gemv_set_prefetch), because the best
 // one depends on the CPU by a factor of three:
-// - kNonTemporal (prefetchnta). W is read once per token, and a temporal fetch of half a GB evicted
+// - kNonTemporal (prefetchnta). W is read once per token, and a temporal fetch of half a GB evicts
 //   from every cache level what the rest of the step and the Python loop around it use again each
-//   token (activations, the KV cache, the compiled step's ~175 input tensors, the interpreter's own
-//   data). On the 2-core AVX-512 EPYC, with NTA the time a GPT-2 small token spent outside the
-//   matmul calls fell from 816 to 492 us and the token from 10.16 to 9.76 ms (medians of 8
-//   interleaved generations, 44-49 GB/s state; faster in 7 of 8 rounds); in its 65-75 GB/s state
-//   (its two vCPUs on different core complexes, pool_round_trip_ns below) no difference (8.10
-//   against 8.18 ms, 6 rounds); NTA with 512 B, 2 and 4 KiB ahead was no better than 1 KiB.
-// - kTemporal (prefetcht2, into L2). On the 2-core Xeon with AMX (2026-11-27) NTA capped each core at
-//   about 5 GB/s (a standalone copy of this loop over 1 GiB: 5.3 GB/s on one thread, 10.2-10.6 on
-//   two), where T2 read 15-16 on one and 29-31 on two, as did no software prefetch at all (15, 29):
-//   there the decode step took twice transformers' time. The default, as the safe one.
+//   token (activations, the KV cache, the step's input tensors, the interpreter's own data). On the
+//   AVX-512 EPYC, with NTA the time a GPT-2 small token spent outside the matmul calls fell from 816
+//   to 492 us (in its slower memory state; no difference in the faster one).
+// - kTemporal (prefetcht2, into L2). On the AMX Xeon NTA capped each core at about 5 GB/s, where T2
+//   read 15-16: there the decode step took twice transformers' time. The default, as the safe one.
 // gpt2forge.generate.generator measures both and keeps the faster.
 enum Prefetch : int { kNonTemporal = 0, kTemporal = 1 };
 
@@ -149,9 +137,7 @@ __attribute__((target("avx2,fma"))) void stream_dots_avx2(const float* __restric
 // and MB x vectors from 32 * MB contiguous bytes; the K % 8 tail comes from x itself (rows ldx
 // apart). One accumulator per row and the same reduction as stream_dots_avx2: a row's sum does not
 // depend on how many rows of x share the call. As the streams do, it asks for W
-// ahead (kPackedAheadBytes): GPT-2 small's decode weights at 8 rows of x took 16.4-17.3 against
-// 18.7-19.6 ms with 1 KiB (6 interleaved passes, AVX-512 EPYC); non-temporally, a whole batch-8 token
-// took 19.23 against 19.35 ms (medians of 6 interleaved rounds: no clear difference).
+// ahead (kPackedAheadBytes).
 template <int MB, int P, typename W>
 __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restrict xp, const float* __restrict x,
                                                             int64_t ldx, const W* __restrict w, int64_t K,
@@ -178,7 +164,7 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
 // lane_sum, then the K % 16 tail one value at a time. Both forms reduce a row the same way, so in
 // this mode too a row gives the same bits alone and in a batch; the bits differ from the 8-lane
 // mode's. With several rows of x the 8-lane loop is bound by its loads and FMAs, not by memory:
-// GPT-2 small's decode at batch 8 read W at ~14 GB/s against ~30 at batch 1 on the 2-core AMX Xeon.
+// GPT-2 small's decode at batch 8 read W at ~14 GB/s against ~30 at batch 1 on the AMX Xeon.
 __attribute__((target("avx512f"))) inline float lane_sum16(__m512 v) {
   const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));  // AVX512F only
   return lane_sum(_mm256_add_ps(_mm512_castps512_ps256(v), high));
@@ -306,9 +292,8 @@ struct GemvJob {
       return;
     }
     // kTileW rows of W at a time into a (M, kTileW) tile, written out row of y by row of y. Storing
-    // each result straight into y (M stores N floats apart per row of W) halved the loop's speed: 8
-    // rows of x against a 65536 x 768 W took 38.9 GFLOP/s on one thread and 66-77 on two, against
-    // 72.9 and 114-135 with the tile.
+    // each result straight into y (M stores N floats apart per row of W) halved the loop's speed
+    // (8 rows of x, one thread: 38.9 against 72.9 GFLOP/s with the tile).
     thread_local std::vector<float> tile_buffer;  // this thread's, grown to the largest M seen
     if (tile_buffer.size() < static_cast<size_t>(M * kTileW)) tile_buffer.resize(static_cast<size_t>(M * kTileW));
     float* tile = tile_buffer.data();
@@ -462,11 +447,11 @@ struct PingPong {
 
 // The round trip of a cache line between the caller's core and the pool's first helper's, in ns
 // (the mean over `rounds` exchanges); NaN when no helper took part. How far apart the two cores
-// are shapes every call: on the 2-core EPYC VM this read 40-65 ns at times and 364-395 ns at
-// others (the two vCPUs on different core complexes, each with its own L3 and memory path:
-// `sum()` then read 63-76 GB/s instead of 44-49), and the decode step's work outside its matmuls,
-// which passes data between the threads, took about 1.1 ms a token in the far state against
-// 0.5-0.9 in the near one (benchmarks/generation_latency.py prints it with each round).
+// are shapes every call: on the 2-core AVX-512 EPYC VM this read 40-65 ns at times and 364-395 ns
+// at others (the two vCPUs on different core complexes, each with its own L3 and memory path), and
+// the decode step's work outside its matmuls, which passes data between the threads, took about
+// 1.1 ms a token in the far state against 0.5-0.9 in the near one
+// (benchmarks/generation_latency.py prints it with each round).
 double pool_round_trip_ns(int64_t rounds) {
   TORCH_CHECK(rounds >= 1, "gpt2forge::pool_round_trip_ns: expected rounds >= 1, got ", rounds);
   for (int attempt = 0;; ++attempt) {  // a helper started by the first job only takes part in later ones
