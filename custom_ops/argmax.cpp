@@ -4,8 +4,8 @@
 // LM head's gemv (gemv.cpp), whose threads each wrote part of them, so much of a row sits in
 // another core's cache; ATen's argmax reads it one value at a time on one thread. Here the row is
 // cut into parts shared by the decode pool's threads (pool.h) and each part is scanned 32 values a
-// step (AVX2): a GPT-2 row of 50257 logits straight after the head's call took 20 against ATen's
-// 47 us, and 4.3 against 28.7 us from this core's cache (2-core AVX-512 EPYC, medians of 40). The
+// step (AVX2): a GPT-2 row of 50257 logits straight after the head's call takes 20 against ATen's
+// 47 us (2-core AVX-512 EPYC). The
 // result is torch.argmax's: the first index of the largest value, and the first NaN's index when a
 // row has a NaN (torch treats NaN as the largest value). The reference is torch.argmax
 // (tests/ops/test_custom_ops.py).

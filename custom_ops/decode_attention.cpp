@@ -52,16 +52,14 @@ template <typename T>
 // so that that many cache-line streams are in flight: the cache comes from memory (the step's
 // weights evict it), and one stream at a time left a core waiting on each line. The kernel is
 // bound by that read: at 128 slots a layer's keys and values are 790 KB. With the AVX2 clone and
-// the vectorized exp below, a layer's call took 52-53 us against 64-70 us before (128 slots, the
-// cache evicted between calls, 2 threads, three alternating runs; AVX2 machine).
+// the vectorized exp below, a layer's call took 52-53 us against 64-70 us before (AVX2 machine;
+// docs/benchmarks.md, "Design measurements", has these kernels' A/Bs).
 constexpr int64_t kSegments = 4;
 
 // While the scores are taken, each segment asks for its key row kAheadRows ahead, and for the value
 // row of the key being scored (the values are read next): the memory system then has the values
-// and the coming keys in flight while the core computes. At 128 filled slots (the cache evicted
-// between calls, 12 layers a pass, 40 interleaved passes, AVX-512 EPYC) a call took 39.3 us against
-// 54.2 us without prefetches, 43.4 us with the values' alone; 2 and 8 rows ahead gave 40.3 and 41.0 us
-// (at 64 slots: 23.1 against 31.5 us).
+// and the coming keys in flight while the core computes: at 128 filled slots a call took 39.3 us
+// against 54.2 us without prefetches (AVX-512 EPYC; 2 and 8 rows ahead were no better than 4).
 constexpr int64_t kAheadRows = 4;
 
 // Asks for a row's cache lines ahead of their use (a prefetch never faults).
@@ -165,14 +163,10 @@ template <typename T>
 // attend_one for D = 64 in AVX2 registers: the scores 8 keys at a time (8 independent chains,
 // their lanes summed together by sums8), the softmax's max and exp 8 scores at a time, the weighted
 // values in 8 registers; keys and values read as one stream each, asked for kAheadRows8 rows ahead.
-// The generic loop compiled to a scalar exp and max and kept its partial sums in memory: a call
-// for GPT-2 small's 12 heads over 128 slots, from the cache, on one thread, took 22.2 us against
-// 11.1 us here (2 threads: 12.2 against 6.4 us; ~2.8 us of either is the call itself). In a decode
-// step, where the weights' stream has evicted the cache, a layer's call took 23.5-24.5 against
-// 31-34 us (8 interleaved generations of 128 tokens, AVX-512 EPYC, its two vCPUs on one core
-// complex): about the machine's read bandwidth for 786 KB of keys and values. With the vCPUs on two
-// complexes it takes 18 us a layer where the bandwidth would allow ~11; 4 to 32 rows ahead made no
-// difference there (17.9-18.9 us).
+// The generic loop compiled to a scalar exp and max and kept its partial sums in memory. In a
+// decode step, where the weights' stream has evicted the cache, a layer's call takes 23.5-24.5 us
+// here against 31-34 for the generic loop (AVX-512 EPYC, its two vCPUs on one core complex): about
+// the machine's read bandwidth for 786 KB of keys and values.
 constexpr int64_t kAheadRows8 = 8;
 
 template <typename T, typename O>
@@ -268,11 +262,9 @@ void attend_pairs(const float* q, const T* k, const T* v, const int64_t* pad, in
   const std::unique_ptr<float[]> work(new float[static_cast<size_t>(B * H * (slot + 1 + kSegments * D))]);
   // One chunk of consecutive (row, head) pairs per thread, so that a pair goes to the same thread
   // token after token (the caller claims chunk 0 first) and its cache lines stay with that core.
-  // When the VM's two vCPUs sat on different core complexes (a cache line's round trip 365-395 ns,
-  // gpt2forge::pool_round_trip_ns), the time from the qkv matmul to the next took 32-36 us a layer
-  // against 41-46 with a chunk per pair, which the threads took in a different order each token;
-  // 40-77 ns apart it made no difference (GPT-2 small, interleaved generations, 128 filled slots
-  // on average; batch 8: 246-261 against 254-281 us).
+  // With the VM's two vCPUs on different core complexes (gpt2forge::pool_round_trip_ns) the time
+  // from the qkv matmul to the next took 32-36 us a layer against 41-46 with a chunk per pair, which
+  // the threads took in a different order each token; with them close it made no difference.
   const int threads = pool_threads();
   const int64_t pairs = B * H, per = (pairs + threads - 1) / threads;
   const AttendJob<T, O> job{q, k, v, pad, H, S, D, slot, scale, work.get(), out, pairs, per};

@@ -9,10 +9,8 @@
 // BigCrush). A word depends only on its index, so threads fill disjoint ranges and the mask does
 // not depend on the thread count. The seed comes from torch's generator (the Python caller draws
 // it), so torch.manual_seed reproduces the masks, compiled or eager. 3.1M decisions (one GPT-2
-// small layer's attention probabilities at B=4, T=256) on the 2-core development machine: 1.7 ms
-// against 6.0-7.8 ms for random_() and the two passes after it (three interleaved rounds; 2.4-2.6
-// against 11.3-11.4 ms in a later, slower state of the machine); a whole training step's ~57M
-// decisions, about 90 ms less, is within the step's noise there.
+// small layer's attention probabilities at B=4, T=256) take 1.7 ms against 6.0-7.8 ms for random_()
+// and the two passes after it on the 2-core AVX2 machine (docs/benchmarks.md, "Design measurements").
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

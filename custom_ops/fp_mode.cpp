@@ -3,9 +3,9 @@
 //
 // A value below 1.2e-38 (a denormal) costs an Intel core a microcode assist on every multiply that
 // reads or makes one. A softmax whose logits lie more than 87 apart makes them, and the gradient
-// of the LM head then carries them into its matmuls: on the 2-core AMX Xeon (2026-11-27) GPT-2
-// small's training step took 36-42 s instead of 2.9-3.0 (its LM head matmuls 17.5 s; model left at
-// nn.Linear's default initialisation, logits hundreds apart). With these modes such values read
+// of the LM head then carries them into its matmuls: on the 2-core AMX Xeon GPT-2 small's training
+// step took 36-42 s instead of 2.9-3.0 (model left at nn.Linear's default initialisation, logits
+// hundreds apart). With these modes such values read
 // and come out as zero, as TensorFlow's CPU runtime and oneDNN's kernels arrange; what they change
 // is below fp32's normal range (and bf16's, whose exponent range is fp32's).
 //

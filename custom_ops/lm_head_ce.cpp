@@ -145,9 +145,9 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
 // would each pay a barrier, which costs most on a loaded machine). In fp32 a tile is written in
 // place (its rows vlen apart, as BLAS takes them) instead of into a temporary copied after: with
 // row_max's sixteen lanes, GPT-2 small's head + loss (1024 tokens in chunks of 667, fp32, with
-// gradients) took 715-735 against 757-776 ms on the 2-core AMX Xeon (alternating processes).
-// Measuring each row's stretch of a tile (max, exp-sum) in the same thread while it is in its
-// cache was slower there than the separate pass below (the logits 304-324 against 240-252 ms).
+// gradients) took 715-735 against 757-776 ms on the 2-core AMX Xeon. Measuring each row's stretch
+// of a tile (max, exp-sum) in the same thread while it is in its cache was slower there than the
+// separate pass below.
 constexpr int64_t kLogitsTile = 256;  // columns; 2-core AVX2: 128-512 measured alike
 
 at::Tensor logits_of(const at::Tensor& h, const at::Tensor& W, int64_t v0, int64_t vlen) {

@@ -33,9 +33,8 @@ class Pool {
   static constexpr int kMaxHelpers = 63;
   // How long an idle helper spins before it sleeps: longer than the gap between two decode steps
   // (GPT-2 small: ~0.3 ms from the LM head's matmul to the next token's first, the token chosen and
-  // the compiled step entered in between). A sleeping helper joined that first matmul ~80 us late
-  // (futex wake-up, AVX-512 EPYC VM); with 8192 pauses (~0.2 ms) it slept every token, and a
-  // whole token took 8.27 ms against 8.14 ms when it spun on (medians of 8 interleaved rounds).
+  // the compiled step entered in between). A sleeping helper joined that first matmul up to 80 us
+  // late (futex wake-up, AVX-512 EPYC VM): spinning on, a whole token took 8.14 ms against 8.27.
   static constexpr std::chrono::microseconds kSpin{2000};
 
   static Pool& get() {

@@ -250,9 +250,8 @@ def causal_attention_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     # Contiguous (B, H, T, hd) once: q, k, v arrive as strided views of the fused projection, and a
-    # batched matmul of a view's query chunk or key block copies it first, the keys once per chunk.
-    # GPT-2 small's compiled training step (B=4, T=256): median 2.833 against 2.908 s, 12 rounds of
-    # two processes alternating, faster in 10, the same losses.
+    # batched matmul of a view's query chunk or key block copies it first, the keys once per chunk
+    # (GPT-2 small's compiled training step: 2.833 against 2.908 s, docs/benchmarks.md).
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     with torch.autocast(q.device.type, enabled=False):  # the dtypes are chosen here, explicitly
         return _CausalAttentionDropout.apply(q, k, v, p, scale, documents, starts)
