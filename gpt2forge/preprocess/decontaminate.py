@@ -9,6 +9,12 @@ text (e.g. WikiText's wiki.test.raw, read as one word stream).
 `--mode drop` removes a document with any overlap. `--mode cut` removes each overlapping span plus
 `margin` characters on both sides and splits the document there (pieces under `min_piece_chars`
 are dropped; a document cut more than `max_splits` times is dropped whole), as filter_ngrams.py did.
+
+Megatron-LM's tools/openwebtext/filter_ngrams.py options: `min_ngram` (an evaluation text shorter than
+`ngram` words but of at least `min_ngram` counts whole, as one n-gram of its length) and `key_threshold`
+(a first pass counts the training documents holding each evaluation n-gram; only those in fewer than
+`key_threshold` documents are removed: a phrase that common is not contamination). The n-gram tables
+(one per length) can be saved and loaded (`.npz` of hashes) to skip that pass.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import dataclasses
 import hashlib
 import re
 import string
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +49,20 @@ class DecontaminateConfig:
     """Pieces shorter than this are dropped (cut mode)."""
     max_splits: int = 10
     """A document cut more than this many times is dropped whole (cut mode)."""
+    min_ngram: int | None = None
+    """Evaluation texts of `min_ngram` to `ngram` - 1 words count whole (Megatron's --min-ngram-size);
+    None: texts shorter than `ngram` words add nothing."""
+    key_threshold: int | None = None
+    """Only n-grams found in fewer than this many training documents are removed (Megatron's
+    --key-threshold); None: every evaluation n-gram is."""
 
     def __post_init__(self):
         if self.ngram < 1:
             raise UsageError(f"--ngram {self.ngram}: must be >= 1")
+        if self.min_ngram is not None and not 1 <= self.min_ngram <= self.ngram:
+            raise UsageError(f"--min-ngram-size {self.min_ngram}: must be between 1 and the n-gram size {self.ngram}")
+        if self.key_threshold is not None and self.key_threshold < 1:
+            raise UsageError(f"--key-threshold {self.key_threshold}: must be >= 1")
         if self.mode not in ("drop", "cut"):
             raise UsageError(f"--mode {self.mode}: choose drop or cut")
 
@@ -94,8 +110,68 @@ def _eval_texts(path: Path, text_key: str):
 
 def eval_ngrams(paths: list[str | Path], n: int, text_key: str = "text") -> np.ndarray:
     """Sorted unique uint64 hashes of every n-gram in the evaluation files."""
-    parts = [ngram_hashes(words(text)[0], n) for p in paths for text in _eval_texts(Path(p), text_key)]
-    return np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.uint64)
+    return eval_tables(paths, n, text_key).get(n, np.empty(0, dtype=np.uint64))
+
+
+Tables = dict[int, np.ndarray]
+"""n-gram length -> sorted unique uint64 hashes of the evaluation n-grams of that length."""
+
+
+def eval_tables(paths: list[str | Path], n: int, text_key: str = "text", min_n: int | None = None) -> Tables:
+    """The n-grams of the evaluation files, and with `min_n` each text of `min_n` to n - 1 words whole."""
+    parts = defaultdict(list)
+    for p in paths:
+        for text in _eval_texts(Path(p), text_key):
+            ws = words(text)[0]
+            k = n if len(ws) >= n else len(ws) if min_n is not None and len(ws) >= min_n else 0
+            if k:
+                parts[k].append(ngram_hashes(ws, k))
+    return {k: np.unique(np.concatenate(v)) for k, v in sorted(parts.items())}
+
+
+def _table_hits(ws: list[str], table: np.ndarray, n: int) -> np.ndarray:
+    """Indices into `table` of the n-grams of `ws` it holds, each once."""
+    h = ngram_hashes(ws, n)
+    if not len(h) or not len(table):
+        return np.empty(0, dtype=np.int64)
+    idx = np.minimum(np.searchsorted(table, h), len(table) - 1)
+    return np.unique(idx[table[idx] == h])
+
+
+def _found(text: str) -> dict[int, np.ndarray]:
+    ws = words(text)[0]
+    return {n: _table_hits(ws, t, n) for n, t in _STATE[0].items()}
+
+
+def rare_ngrams(tables: Tables, docs, threshold: int, workers: int) -> Tables:
+    """`tables` minus the n-grams that `threshold` or more of `docs` hold (Megatron's --key-threshold)."""
+    global _STATE
+    _STATE = (tables, None)
+    counts = {n: np.zeros(len(t), dtype=np.int64) for n, t in tables.items()}
+    for _doc, found in map_texts(_found, docs, workers):
+        for n, idx in found.items():
+            counts[n][idx] += 1
+    return {n: t[counts[n] < threshold] for n, t in tables.items()}
+
+
+def save_tables(path: str | Path, tables: Tables) -> None:
+    """`tables` as an `.npz` (one array per length), for --load-dictionary."""
+    with open(path, "wb") as f:
+        np.savez(f, **{str(n): t for n, t in tables.items()})
+
+
+def load_tables(path: str | Path) -> Tables:
+    """What `save_tables` wrote. Raises UsageError on anything else (Megatron's pickles included)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            tables = {int(k): z[k] for k in z.files}
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--load-dictionary {path}: not an n-gram table written by --save-dictionary here "
+                         f"({exc}); Megatron's pickled dictionaries are not read: rebuild it with --save-dictionary"
+                         ) from None
+    if not all(t.dtype == np.uint64 and t.ndim == 1 for t in tables.values()):
+        raise UsageError(f"--load-dictionary {path}: not an n-gram table written by --save-dictionary here")
+    return tables
 
 
 def overlaps(ws: list[str], table: np.ndarray, n: int) -> np.ndarray:
@@ -107,18 +183,20 @@ def overlaps(ws: list[str], table: np.ndarray, n: int) -> np.ndarray:
     return np.nonzero(table[idx] == h)[0]
 
 
-def cut(text: str, table: np.ndarray, cfg: DecontaminateConfig) -> tuple[list[str], int]:
-    """(the pieces of `text` to keep, number of overlapping n-grams). No overlap: ([text], 0)."""
+def cut(text: str, table: np.ndarray | Tables, cfg: DecontaminateConfig) -> tuple[list[str], int]:
+    """(the pieces of `text` to keep, number of overlapping n-grams). No overlap: ([text], 0).
+    `table`: the `cfg.ngram`-gram hashes, or tables of several lengths."""
     ws, spans = words(text)
-    hits = overlaps(ws, table, cfg.ngram)
-    if not len(hits):
+    tables = table if isinstance(table, dict) else {cfg.ngram: table}
+    hits = sorted((int(i), n) for n, t in tables.items() for i in overlaps(ws, t, n))
+    if not hits:
         return [text], 0
     if cfg.mode == "drop":
         return [], len(hits)
     removed = []  # merged character spans to remove
-    for i in hits:
+    for i, n in hits:
         start = max(0, spans[i][0] - cfg.margin)
-        end = min(len(text), spans[i + cfg.ngram - 1][1] + cfg.margin)
+        end = min(len(text), spans[i + n - 1][1] + cfg.margin)
         if removed and start <= removed[-1][1]:
             removed[-1][1] = max(removed[-1][1], end)
         else:
@@ -148,7 +226,7 @@ class DecontaminateSummary:
                 f"{self.chars_in} characters); bad lines skipped: {self.bad_lines}")
 
 
-_STATE: tuple[np.ndarray, DecontaminateConfig] | None = None
+_STATE: tuple[Tables, DecontaminateConfig | None] | None = None
 
 
 def _cut(text: str) -> tuple[list[str], int]:
@@ -157,11 +235,22 @@ def _cut(text: str) -> tuple[list[str], int]:
 
 def decontaminate_file(input_path: str | Path, output_path: str | Path, eval_paths: list[str],
                        cfg: DecontaminateConfig, *, workers: int = 1, text_key: str = "text",
-                       eval_text_key: str = "text", skip_bad_lines: bool = False) -> DecontaminateSummary:
+                       eval_text_key: str = "text", skip_bad_lines: bool = False,
+                       load_path: str | None = None, save_path: str | None = None) -> DecontaminateSummary:
     """Write `input_path` minus its overlaps with `eval_paths` to `output_path` (atomically). In cut
-    mode a piece is written as the document's record with its text replaced and `"piece": k` added."""
+    mode a piece is written as the document's record with its text replaced and `"piece": k` added.
+    `load_path`: the n-gram tables saved by an earlier run's `save_path` instead of `eval_paths`."""
     global _STATE
-    _STATE = (eval_ngrams(eval_paths, cfg.ngram, eval_text_key), cfg)
+    if load_path is not None:
+        tables = load_tables(load_path)
+    else:
+        tables = eval_tables(eval_paths, cfg.ngram, eval_text_key, cfg.min_ngram)
+        if cfg.key_threshold is not None:
+            docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=Counter())
+            tables = rare_ngrams(tables, docs, cfg.key_threshold, workers)
+        if save_path is not None:
+            save_tables(save_path, tables)
+    _STATE = (tables, cfg)
     summary, bad = DecontaminateSummary(), Counter()
     docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=bad)
     with atomic_jsonl(output_path) as out:

@@ -74,3 +74,50 @@ def test_command_cut_mode_and_bad_input(tmp_path):
 def test_real_lambada_table_is_compact(eval_data):
     table = eval_ngrams([eval_data / "lambada" / "lambada_test.jsonl"], 13)
     assert table.dtype.itemsize == 8 and 100_000 < len(table) < 1_000_000
+
+
+BOILERPLATE = "this article is licensed under the creative commons attribution share alike license version three"
+PASSAGE = BOILERPLATE + " the lighthouse keeper named orlando fed seventeen gulls every morning before sunrise"
+SHORT = "seven silent swans slept beside the frozen mill pond"  # 9 words: whole with --min-ngram-size 8
+
+
+def test_megatron_flags_cut_rare_ngrams_and_keep_common_ones(tmp_path):
+    """Megatron's tools/openwebtext command line: --tasks lambada --lambada-path L --dedup-dataset FILE KEY
+    --output F cuts (its only mode) what overlaps LAMBADA, counts whole short texts (8+ words), and keeps
+    n-grams that 10 or more training documents hold (--key-threshold: boilerplate, not contamination)."""
+    lambada = write(tmp_path / "lambada.jsonl", [{"text": PASSAGE}, {"text": SHORT}])
+    docs = [{"content": f"{FILLER} {PASSAGE} {UNRELATED}", "id": "passage"},
+            {"content": f"{FILLER} {SHORT} {UNRELATED}", "id": "short"}]
+    docs += [{"content": f"{UNRELATED[:300]} copy {i} {BOILERPLATE} {FILLER[:300]}", "id": f"b{i}"} for i in range(10)]
+    src = write(tmp_path / "train.json", docs)
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, str(ROOT / "data" / "filter_ngrams.py"), "--tasks", "lambada", "--lambada-path",
+           str(lambada), "--dedup-dataset", str(src), "content", "--output", str(out), "--num-threads", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    pieces = {i: [r["content"] for r in rows if r["id"] == i] for i in ("passage", "short")}
+    assert len(pieces["passage"]) == 2 and not any("orlando" in p for p in pieces["passage"])
+    assert len(pieces["short"]) == 2 and not any("swans" in p for p in pieces["short"])
+    assert [r for r in rows if r["id"].startswith("b")] == docs[2:]  # boilerplate in 11 documents: kept whole
+    # without the threshold the boilerplate documents are cut too
+    proc = subprocess.run(cmd + ["--key-threshold", "100", "--overwrite"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(BOILERPLATE in json.loads(ln)["content"] for ln in out.read_text().splitlines())
+    for extra, needle in [(["--tasks", "squad"], "--tasks squad: Megatron read it from the Hugging Face hub"),
+                          (["--tasks", "lambada"], "--tasks lambada needs --lambada-path")]:
+        bad = [sys.executable, str(ROOT / "data" / "filter_ngrams.py"), "--dedup-dataset", str(src), "content",
+               "--output", str(tmp_path / "x.json"), *extra]
+        proc = subprocess.run(bad, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_saved_ngram_tables_load_instead_of_the_evaluation_files(tmp_path):
+    lambada = write(tmp_path / "lambada.jsonl", [{"text": PASSAGE}])
+    src = write(tmp_path / "train.json", [{"text": f"{FILLER} {PASSAGE} {UNRELATED}"}, {"text": UNRELATED}])
+    cfg = DecontaminateConfig(mode="cut", min_ngram=8, key_threshold=10)
+    first = decontaminate_file(src, tmp_path / "a.json", [str(lambada)], cfg, workers=0,
+                               save_path=str(tmp_path / "t.npz"))
+    second = decontaminate_file(src, tmp_path / "b.json", [], cfg, workers=0, load_path=str(tmp_path / "t.npz"))
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+    assert first.docs_contaminated == second.docs_contaminated == 1
