@@ -32,7 +32,7 @@ TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-fi
 	--num-workers 0 --log-steps 20 --eval-every-steps 150 \
 	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 150 --sample-tokens 60 --sample-prompt "The module"
 
-.PHONY: all custom_ops setup train lint test test-fast fuzz bench eval-data clean distclean
+.PHONY: all custom_ops setup train lint test test-fast chaos fuzz bench eval-data clean distclean
 
 all: custom_ops
 
@@ -74,6 +74,12 @@ test: setup lint
 # Leaves out torchrun and end-to-end training tests (@pytest.mark.slow): about a minute on 2 cores.
 test-fast: setup lint
 	$(PY) -m pytest -q -m "not slow"
+
+# Multi-node launches and faults on a cluster of network namespaces built on this machine (tests/cluster,
+# docs/multinode.md): the parity cases and every fault case; needs root (skipped otherwise). make test runs
+# the harness, one parity case and one fault case.
+chaos: setup
+	GPT2FORGE_CHAOS=1 $(PY) -m pytest -q tests/cluster
 
 # Long fuzz run of every input format (tests/fuzz): make fuzz N=100000; prints cases and failures per format,
 # each failure with the seed that reproduces it; then every train_gpt2.py flag with bad values, each a short run.
