@@ -35,7 +35,10 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, argument_default=argparse.SUPPRESS,
         description="Pretrain GPT-2 on CPUs and CUDA GPUs (Graphcore GPT-2 application flags).")
-    parser.add_argument("--config", help="(new) JSON or YAML file of flag values; the command line wins")
+    parser.add_argument("--config", help="(new) JSON or YAML file of flag values, or a Colossal-AI config (.py, "
+                                         "read without running it: docs/training.md); the command line wins")
+    parser.add_argument("--from_torch", "--from-torch", dest="from_torch", action="store_true",
+                        help="(Colossal-AI's) accepted: torchrun's environment (RANK, WORLD_SIZE) is always read")
     parser.add_argument("--train-path", dest="train_path",
                         help="(old) generated | a .pkl path | tfrecord (with --tfrecord-path GLOB) | dynamic "
                              "(mmap, with --data-prefix PREFIX); sets --dataset (and --input-files for a .pkl)")
@@ -60,11 +63,16 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
     return parser
 
 
-def load_config_file(path: str) -> dict[str, Any]:
-    """A JSON/YAML mapping of field or flag names to values."""
+def load_config_file(path: str, data_given: bool = False) -> dict[str, Any]:
+    """A JSON/YAML mapping of field or flag names to values, or a Colossal-AI .py config's values
+    (`data_given`: the command line names the data, see gpt2forge.train.colossal_config)."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--config {path}: file not found")
+    if p.suffix == ".py":
+        from gpt2forge.train.colossal_config import colossal_values  # lazy: read only for a .py config
+
+        return colossal_values(path, data_given)
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -113,10 +121,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
     parser = build_parser()
     given = vars(parser.parse_args(sys.argv[1:] if argv is None else list(argv)))
     _apply_train_path(given)
+    given.pop("from_torch", None)
     merged: dict[str, Any] = {}
     config_file = given.pop("config", None)
     if config_file:
-        merged.update(load_config_file(config_file))
+        merged.update(load_config_file(config_file, data_given="dataset" in given or "input_files" in given))
     merged.update(given)
     _coerce_file_values(merged)
     return TrainConfig.from_flat(merged)

@@ -1,0 +1,305 @@
+"""Colossal-AI's Python config file -> TrainConfig values: `train_gpt2.py --config gpt2_configs/gpt2_zero3.py`
+(seed 003's `torchrun ... train_gpt.py --config=gpt2_configs/gpt2_zero3.py --from_torch`).
+
+A Colossal-AI config is a Python module whose top-level assignments are the settings (`BATCH_SIZE = 2`,
+`zero = dict(model_config=dict(tensor_placement_policy='cpu', shard_strategy=TensorShardStrategy()), ...)`,
+`optimizer = dict(type=HybridAdam, lr=0.00015, weight_decay=1e-2)`). The file is read, never run
+(gpt2forge.train.python_config: literals, dict(...), imported names, arithmetic on numbers; anything else
+is one line naming `file:line`).
+
+`KEYS` lists every setting read and what it becomes here (docs/training.md shows it). The other
+settings are named in one notice as ignored; values this trainer cannot reproduce (NVMe offload, 2D
+tensor parallelism, a pipeline without a stage split, another optimizer or model) stop with one line
+saying what to write instead (exit 2). The command line still wins over the file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpt2forge.core import log
+from gpt2forge.core.errors import UsageError
+from gpt2forge.train.python_config import Symbol, read_config_file
+
+KEYS: dict[str, str] = {
+    "BATCH_SIZE": "`--batch-size`",
+    "NUM_EPOCHS": "`--epochs`; and the schedule of Colossal-AI's train_gpt.py (LinearWarmupLR over NUM_EPOCHS "
+                  "with 5 warm-up epochs): `--lr-schedule linear --lr-warmup 5/NUM_EPOCHS`",
+    "SEQ_LEN": "`--max-len`",
+    "gradient_accumulation": "`--gradient-accumulation`",
+    "clip_grad_norm": "`--max-grad-norm`",
+    "zero.model_config": "a sharded model (Colossal-AI's ZeRO-3): `--zero-stage 3`",
+    "zero.model_config.tensor_placement_policy": "cpu or auto: `--offload full`; cuda: `--offload none`",
+    "zero.model_config.offload_config.device": "cpu: `--offload full`",
+    "zero.model_config.shard_strategy": "(accepted: FSDP2 shards every tensor)",
+    "zero.model_config.reuse_fp16_shard": "(accepted: FSDP2 keeps its own gathered copies)",
+    "zero.optimizer_config.cpu_offload": "true: `--offload optimizer` (unless the model is offloaded: full)",
+    "zero.optimizer_config.initial_scale": "`--initial-loss-scale` (fp16)",
+    "zero.optimizer_config.min_scale": "`--min-loss-scale` (fp16)",
+    "zero.optimizer_config.growth_interval": "`--loss-scale-window` (fp16)",
+    "zero.optimizer_config.hysteresis": "`--loss-scale-hysteresis` (fp16)",
+    "zero.level": "`--zero-stage` 2 or 3 (Colossal-AI's older ZeRO config)",
+    "zero.cpu_offload": "true: `--offload optimizer`",
+    "zero.offload_optimizer_config.device": "cpu: `--offload optimizer`",
+    "zero.offload_param_config.device": "cpu with level 3: `--offload full`",
+    "zero.clip_grad": "`--max-grad-norm`",
+    "zero.dynamic_loss_scale": "`--auto-loss-scaling` (fp16)",
+    "zero.overlap_comm": "(accepted: FSDP2 overlaps its communication)",
+    "fp16.mode": "`--precision fp16 --auto-loss-scaling true` (Colossal-AI's DynamicGradScaler: initial scale "
+                 "2**16, window 1000, hysteresis 2)",
+    "fp16.initial_scale": "`--initial-loss-scale`",
+    "fp16.min_scale": "`--min-loss-scale`",
+    "fp16.growth_interval": "`--loss-scale-window`",
+    "fp16.hysteresis": "`--loss-scale-hysteresis`",
+    "optimizer.type": "HybridAdam, CPUAdam, FusedAdam (adamw_mode true, their default), AdamW: `--optimizer AdamW`; "
+                      "Adam or adamw_mode false: `--optimizer Adam` (L2 weight decay); Lamb, FusedLAMB: `LAMB`",
+    "optimizer.lr": "`--learning-rate`",
+    "optimizer.weight_decay": "`--weight-decay`",
+    "optimizer.betas": "`--adam-beta1`, `--adam-beta2`",
+    "optimizer.eps": "`--adam-eps`",
+    "optimizer.adamw_mode": "see optimizer.type",
+    "model.type": "gpt2_small, gpt2_medium, gpt2_large, gpt2_xl: `--model gpt2|gpt2-medium|gpt2-large|gpt2-xl`",
+    "model.checkpoint": "true: `--recompute-checkpoint-every-layer`",
+    "model.dim": "`--hidden-size`",
+    "model.hidden_size": "`--hidden-size`",
+    "model.depth": "`--num-layers`",
+    "model.num_layers": "`--num-layers`",
+    "model.num_heads": "`--num-attention-heads`",
+    "model.num_attention_heads": "`--num-attention-heads`",
+    "model.max_position_embeddings": "`--max-position-embeddings`",
+    "model.dtype": "torch.half: `--precision fp16`; torch.bfloat16: `bf16`; torch.float: `fp32`",
+    "parallel.pipeline": "1 (a pipeline here needs its stage split: `--layers-per-ipu`)",
+    "parallel.tensor.size": "with mode '1d': `--tensor-model-parallel-size`",
+    "parallel.tensor.mode": "'1d' (Megatron's) or None",
+    "DATA": "(environment variable, read by Colossal-AI's train_gpt.py) `--dataset jsonl --input-files $DATA`, "
+            "unless the command line names the data",
+}
+"""Every setting read (dotted path) -> what it becomes here."""
+
+MODELS = {"gpt2_small": "gpt2", "gpt2_medium": "gpt2-medium", "gpt2_large": "gpt2-large", "gpt2_xl": "gpt2-xl"}
+OPTIMIZERS = {"HybridAdam": "AdamW", "CPUAdam": "AdamW", "FusedAdam": "AdamW", "AdamW": "AdamW", "Adam": "Adam",
+              "Lamb": "LAMB", "FusedLAMB": "LAMB"}
+"""optimizer.type -> --optimizer (the Adam kinds with adamw_mode false are Adam)."""
+_ADAMW_MODE = ("HybridAdam", "CPUAdam", "FusedAdam")
+KNOWN_NAMES = {*MODELS, *OPTIMIZERS, "TensorShardStrategy", "BucketTensorShardStrategy", "AMP_TYPE", "torch"}
+"""Names a config may use without importing them (the seed's snippet uses HybridAdam after importing CPUAdam)."""
+DTYPES = {"half": "fp16", "float16": "fp16", "bfloat16": "bf16", "float": "fp32", "float32": "fp32"}
+_ACCEPTED = ("zero.model_config.shard_strategy", "zero.model_config.reuse_fp16_shard", "zero.overlap_comm")
+
+
+class _Apply:
+    """One file's settings applied to flat TrainConfig values: `read` and `ignored` are dotted paths."""
+
+    def __init__(self, path: str, settings: dict[str, Any]):
+        self.path, self.settings = path, settings
+        self.values: dict[str, Any] = {}
+        self.read: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        assert key in KEYS, key  # every setting read is documented
+        node: Any = self.settings
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        self.read.append(key)
+        return node
+
+    def refuse(self, key: str, value: Any, fix: str) -> UsageError:
+        shown = value.name if isinstance(value, Symbol) else value
+        return UsageError(f"--config {self.path}: {key} {shown!r}: {fix}")
+
+    def number(self, key: str, kind: type, default: Any = None) -> Any:
+        value = self.get(key, default)
+        if value is None or value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise self.refuse(key, value, f"must be {'a whole number' if kind is int else 'a number'}")
+        return kind(value)
+
+    def ignored(self) -> list[str]:
+        return [key for key in _leaves(self.settings) if key not in self.read and key not in _ACCEPTED]
+
+
+def _leaves(node: dict, prefix: str = "") -> list[str]:
+    """Dotted paths of the leaves of the settings (dicts are walked)."""
+    out = []
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out += _leaves(value, path + ".")  # an empty dict (`optimizer_config=dict()`) sets nothing
+        else:
+            out.append(path)
+    return out
+
+
+def colossal_values(path: str, data_given: bool = False, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Flat TrainConfig values for the Colossal-AI config at `path` (see `KEYS`); prints them as
+    `train_gpt2.py` flags and, in one notice, names what was ignored.
+
+    Args:
+        path: the `--config` file (a .py).
+        data_given: the command line names the data (`--dataset` or `--input-files`): `DATA` is not read.
+        environ: the environment Colossal-AI's train_gpt.py reads `DATA` from (default os.environ).
+
+    Raises:
+        UsageError: see `read_config_file`, and values that cannot be reproduced here (one line with the fix).
+    """
+    a = _Apply(path, read_config_file(path, KNOWN_NAMES))
+    _batch(a)
+    _zero(a)
+    _precision(a)
+    _optimizer(a)
+    _model(a)
+    data = (os.environ if environ is None else environ).get("DATA")
+    if data and not data_given:
+        a.values.update(dataset="jsonl", input_files=[data])
+        a.read.append("DATA")
+    if a.values:
+        log.info(f"--config {path} (Colossal-AI's) stands for: {_as_flags(a.values)}")
+    ignored = a.ignored()
+    if ignored:
+        log.notice(f"--config {path}: no meaning here, ignored: {', '.join(ignored)}")
+    return a.values
+
+
+def _as_flags(values: dict[str, Any]) -> str:
+    """`--batch-size 2 --offload full ...`: the values as train_gpt2.py's flags."""
+    words = []
+    for field, value in values.items():
+        shown = " ".join(map(str, value)) if isinstance(value, list) else str(value).lower() \
+            if isinstance(value, bool) else str(value)
+        words.append(f"--{field.replace('_', '-')} {shown}")
+    return " ".join(words)
+
+
+def _batch(a: _Apply) -> None:
+    pipeline = a.number("parallel.pipeline", int, 1)
+    if pipeline is not None and pipeline > 1:
+        raise a.refuse("parallel.pipeline", pipeline, "the stage split is data here: write pipeline=1 and give "
+                                                      "--layers-per-ipu N1 N2 ... --ipus-per-replica "
+                                                      f"{pipeline} on the command line")
+    size, mode = a.number("parallel.tensor.size", int, 1), a.get("parallel.tensor.mode")
+    if size and size > 1:
+        if mode != "1d":
+            raise a.refuse("parallel.tensor.mode", mode, "only 1d tensor parallelism (Megatron's) runs here; "
+                                                         "write mode='1d'")
+        a.values["tensor_model_parallel_size"] = size
+    for key, field, kind in (("BATCH_SIZE", "batch_size", int), ("SEQ_LEN", "max_len", int),
+                             ("gradient_accumulation", "gradient_accumulation", int),
+                             ("clip_grad_norm", "max_grad_norm", float)):
+        value = a.number(key, kind)
+        if value is not None:
+            a.values[field] = value
+    epochs = a.number("NUM_EPOCHS", int)
+    if epochs is not None:
+        a.values.update(epochs=epochs, lr_schedule="linear", lr_warmup=min(1.0, 5 / max(epochs, 1)))
+
+
+def _offload_device(a: _Apply, key: str) -> str | None:
+    device = a.get(key)
+    if device not in (None, "cpu", "cuda", "auto"):
+        raise a.refuse(key, device, "only cpu offload (pinned host memory) is available here; write 'cpu'")
+    return device
+
+
+def _zero(a: _Apply) -> None:
+    zero = a.settings.get("zero")
+    if not isinstance(zero, dict):
+        return
+    if "model_config" in zero:  # Colossal-AI's sharded model: parameters, gradients and optimizer state
+        a.get("zero.model_config")
+        a.values["zero_stage"] = 3
+        placement = _offload_device(a, "zero.model_config.tensor_placement_policy")
+        offload = _offload_device(a, "zero.model_config.offload_config.device")
+        if placement in ("cpu", "auto") or offload == "cpu":
+            a.values["offload"] = "full"
+        elif a.get("zero.optimizer_config.cpu_offload", False):
+            a.values["offload"] = "optimizer"
+        elif placement == "cuda":
+            a.values["offload"] = "none"
+        for key, field, kind in (("zero.optimizer_config.initial_scale", "initial_loss_scale", float),
+                                 ("zero.optimizer_config.min_scale", "min_loss_scale", float),
+                                 ("zero.optimizer_config.growth_interval", "loss_scale_window", int),
+                                 ("zero.optimizer_config.hysteresis", "loss_scale_hysteresis", int)):
+            if (value := a.number(key, kind)) is not None:
+                a.values[field] = value
+        return
+    level = a.number("zero.level", int)  # the older config: DeepSpeed's ZeRO under Colossal-AI's names
+    if level is not None:
+        if level not in (2, 3):
+            raise a.refuse("zero.level", level, "Colossal-AI's ZeRO levels are 2 and 3")
+        a.values["zero_stage"] = level
+    params = _offload_device(a, "zero.offload_param_config.device")
+    optimizer = _offload_device(a, "zero.offload_optimizer_config.device")
+    if params == "cpu" and level == 3:
+        a.values["offload"] = "full"
+    elif optimizer == "cpu" or a.get("zero.cpu_offload", False):
+        a.values["offload"] = "optimizer"
+    if (clip := a.number("zero.clip_grad", float)) is not None:
+        a.values["max_grad_norm"] = clip
+    if a.get("zero.dynamic_loss_scale") is not None:
+        a.values["auto_loss_scaling"] = bool(a.get("zero.dynamic_loss_scale"))
+
+
+def _precision(a: _Apply) -> None:
+    if a.get("fp16.mode") is not None or isinstance(a.settings.get("fp16"), dict):
+        a.values.update(precision="fp16", auto_loss_scaling=True, initial_loss_scale=2.0 ** 16,
+                        loss_scale_window=1000, loss_scale_hysteresis=2)
+        for key, field, kind in (("fp16.initial_scale", "initial_loss_scale", float),
+                                 ("fp16.min_scale", "min_loss_scale", float),
+                                 ("fp16.growth_interval", "loss_scale_window", int),
+                                 ("fp16.hysteresis", "loss_scale_hysteresis", int)):
+            if (value := a.number(key, kind)) is not None:
+                a.values[field] = value
+
+
+def _optimizer(a: _Apply) -> None:
+    if not isinstance(a.settings.get("optimizer"), dict):
+        return
+    kind = a.get("optimizer.type")
+    name = kind.leaf if isinstance(kind, Symbol) else kind
+    if name not in OPTIMIZERS:
+        raise a.refuse("optimizer.type", kind, f"the optimizers here are {', '.join(OPTIMIZERS)} (AdamW, Adam "
+                                               "and LAMB)")
+    adamw = OPTIMIZERS[name]
+    if name in _ADAMW_MODE and a.get("optimizer.adamw_mode", True) is False:
+        adamw = "Adam"
+    a.values["optimizer"] = adamw
+    for key, field in (("optimizer.lr", "learning_rate"), ("optimizer.weight_decay", "weight_decay"),
+                       ("optimizer.eps", "adam_eps")):
+        if (value := a.number(key, float)) is not None:
+            a.values[field] = value
+    betas = a.get("optimizer.betas")
+    if betas is not None:
+        if not (isinstance(betas, list) and len(betas) == 2):
+            raise a.refuse("optimizer.betas", betas, "write two numbers, (beta1, beta2)")
+        a.values["adam_beta1"], a.values["adam_beta2"] = float(betas[0]), float(betas[1])
+
+
+def _model(a: _Apply) -> None:
+    model = a.settings.get("model")
+    if not isinstance(model, dict):
+        return
+    for names, field in ((("dim", "hidden_size"), "hidden_size"), (("depth", "num_layers"), "num_layers"),
+                         (("num_heads", "num_attention_heads"), "num_attention_heads"),
+                         (("max_position_embeddings",), "max_position_embeddings")):
+        for name in names:
+            if name in model:
+                a.values[field] = a.number(f"model.{name}", int)
+    kind = a.get("model.type")
+    name = kind.leaf if isinstance(kind, Symbol) else kind
+    if name in MODELS:
+        a.values["model"] = MODELS[name]
+    elif kind is not None and not {"hidden_size", "num_layers", "num_attention_heads"} <= set(a.values):
+        raise a.refuse("model.type", kind, f"the sizes here are {', '.join(MODELS)}; for another shape give dim, "
+                                           "depth and num_heads in the model dict")
+    if a.get("model.checkpoint", False):
+        a.values["recompute_checkpoint_every_layer"] = True
+    dtype = a.get("model.dtype")
+    if dtype is not None:
+        leaf = dtype.leaf if isinstance(dtype, Symbol) else str(dtype)
+        if leaf not in DTYPES:
+            raise a.refuse("model.dtype", dtype, "write torch.half, torch.bfloat16 or torch.float")
+        a.values["precision"] = DTYPES[leaf]
