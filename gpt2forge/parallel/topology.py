@@ -143,15 +143,25 @@ def build_layout(cfg: ParallelArgs, n_layer: int, world_size: int = 1) -> Layout
     if len(layers) != cfg.ipus_per_replica:
         raise UsageError(f"--layers-per-ipu has {len(layers)} entries but --ipus-per-replica is "
                          f"{cfg.ipus_per_replica}; give one entry per stage")
-    if is_pipelined(len(layers), world_size // tp) and cfg.pipeline_schedule == "1F1B" \
-            and cfg.gradient_accumulation < len(layers):
-        raise UsageError(f"--pipeline-schedule 1F1B needs at least one micro-batch per stage: "
-                         f"--gradient-accumulation {cfg.gradient_accumulation} < {len(layers)} stages; raise it "
-                         "or use --pipeline-schedule GPipe")
     if cfg.matmul_proportion is not None and len(cfg.matmul_proportion) != cfg.ipus_per_replica:
         raise UsageError(f"--matmul-proportion has {len(cfg.matmul_proportion)} values but --ipus-per-replica "
                          f"is {cfg.ipus_per_replica}; give one per stage")
-    return Layout(layers, cfg.replication_factor, world_size, tp, cfg.sequence_parallel)
+    layout = Layout(layers, cfg.replication_factor, world_size, tp, cfg.sequence_parallel)
+    # The schedule runs the micro-batches of this process: missing replicas folded in count too.
+    micro_batches = folded_accumulation(layout, cfg)
+    if layout.pipelined and cfg.pipeline_schedule == "1F1B" and micro_batches < layout.stages:
+        folded = f" ({micro_batches} with the missing replicas folded in)" if micro_batches != \
+            cfg.gradient_accumulation else ""
+        raise UsageError(f"--pipeline-schedule 1F1B needs at least one micro-batch per stage: "
+                         f"--gradient-accumulation {cfg.gradient_accumulation}{folded} < {layout.stages} stages; "
+                         "raise it or use --pipeline-schedule GPipe")
+    return layout
+
+
+def folded_accumulation(layout: Layout, cfg: ParallelArgs) -> int:
+    """Micro-batches per update in each process: --gradient-accumulation, times the replicas that have
+    no process of their own (they become accumulation, so the global batch stays the same)."""
+    return cfg.gradient_accumulation * max(layout.replicas // max(layout.data_parallel, 1), 1)
 
 
 def check_tensor_parallel(tp: int, n_head: int, padded_vocab: int, world_size: int | None = None) -> None:
@@ -176,10 +186,9 @@ def report_layout(layout: Layout, cfg: ParallelArgs, async_dataloader: bool = Fa
             log.notice(f"{layout.stages} pipeline stages run co-located in each of the {layout.world_size} "
                        f"process(es) (same math, no pipelining; launch {layout.stages} x replicas processes "
                        "to pipeline)")
-    accumulation = cfg.gradient_accumulation
+    accumulation = folded_accumulation(layout, cfg)
     if layout.replicas > layout.data_parallel:
-        factor = layout.replicas // max(layout.data_parallel, 1)
-        accumulation *= factor
+        factor = accumulation // cfg.gradient_accumulation
         log.notice(f"--replication-factor {layout.replicas} with {layout.data_parallel} data-parallel process(es): "
                    f"gradient accumulation {cfg.gradient_accumulation} x {factor} = {accumulation} keeps the "
                    f"global batch of {cfg.samples_per_update} sequences")
