@@ -25,8 +25,9 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.core.runtime import with_index
 from gpt2forge.parallel.health import preflight
 
-TIMEOUT = datetime.timedelta(minutes=int(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
-"""Collective timeout: a rank that died makes the others fail after this, never hang forever."""
+TIMEOUT = datetime.timedelta(minutes=float(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
+"""Collective timeout: a rank that died makes the others fail after this, never hang forever
+(fractions of a minute are allowed: 0.25 is 15 s)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,12 @@ for work that rank 0 does alone.
   watchdog also catches hangs outside them (a data loader, a file system).
 - `wait_for_rank0`: the other ranks wait on a gloo barrier with a long timeout while rank 0
   evaluates, samples or writes a checkpoint alone (work that can outlast the collective timeout).
+- `collective_failure`: when a collective fails (a peer's process died, or nothing came within the
+  collective timeout: a node or its link went away), one line naming the node(s) lost and the
+  timeout, instead of gloo's traceback. The preflight records every rank's host name and address
+  for it; after a timeout the ranks still running check in at the job's store for a few seconds,
+  and the ones that do not are named (a rank that cannot reach the store says so: its own node is
+  the one cut off).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import contextlib
 import datetime
 import faulthandler
 import os
+import re
+import socket
 import sys
 import threading
 import time
@@ -36,6 +44,8 @@ HANG_TIMEOUT_S = 60 * float(os.environ.get("GPT2FORGE_HANG_TIMEOUT_MIN", "15"))
 RANK0_TIMEOUT = datetime.timedelta(hours=float(os.environ.get("GPT2FORGE_RANK0_TIMEOUT_H", "6")))
 
 _rank0_group = None
+_nodes: list[tuple[str, str]] = []  # rank -> (host name, address), gathered by the preflight
+CHECK_IN_S = 5.0  # how long the ranks left after a collective timeout wait for each other at the store
 
 
 def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIMEOUT) -> None:
@@ -45,7 +55,7 @@ def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIME
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend()
     try:
-        dist.monitored_barrier(group=_gloo_group(timeout), timeout=timeout, wait_all_ranks=True)
+        dist.monitored_barrier(group=(gloo := _gloo_group(timeout)), timeout=timeout, wait_all_ranks=True)
     except RuntimeError as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(f"preflight on rank {rank}: not every rank reached the start-up barrier within "
@@ -64,8 +74,88 @@ def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIME
             "check the network between the nodes"
         raise UsageError(f"preflight on rank {rank}: the ranks met, but an all-reduce over {backend} did not "
                          f"complete correctly within {timeout.total_seconds():.0f} s; {hint}")
+    _nodes[:] = [None] * world
+    dist.all_gather_object(_nodes, _this_node(), group=gloo)
     log.info(f"Preflight: {world} ranks passed a barrier and an all-reduce over {backend} in "
              f"{time.perf_counter() - t0:.2f} s")
+
+
+def _this_node() -> tuple[str, str]:
+    """(host name, the address this host reaches MASTER_ADDR from: the one its peers see)."""
+    host = socket.gethostname()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # connect() on UDP sends nothing
+            probe.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))))
+            return host, probe.getsockname()[0]
+    except (OSError, ValueError):
+        return host, "?"
+
+
+_COMM_FAILURE = re.compile(r"gloo/transport|Connection (closed|reset) by peer|Timed out waiting|NCCL (error|timeout)",
+                           re.I)
+# gloo names the peer whose connection closed: "Connection closed by peer [10.77.0.2]:63662",
+# "Read error [10.77.0.2]:41603: Connection reset by peer" (its own "[file.cc:553]" has no port).
+_PEER = re.compile(r"\[([^\]\s/]+)\]:\d+")
+_CLOSED = re.compile(r"Connection (closed|reset) by peer", re.I)
+
+
+def collective_failure(exc: BaseException, timeout: datetime.timedelta, doing: str) -> str | None:
+    """The one line for `exc` when it is a failed collective of this job (None when it is not): the
+    node(s) lost, what this rank was `doing`, the backend's own words and the collective `timeout`.
+    Unless the backend named the peer, waits up to CHECK_IN_S seconds at the job's store for the
+    other ranks that are still running: the ones that do not come are the lost ones."""
+    text = str(exc)
+    if not dist.is_initialized() or not (isinstance(exc, dist.DistError) or _COMM_FAILURE.search(text)):
+        return None
+    here = f"on {_node_name(dist.get_rank())}" + (f" during {doing}" if doing else "")  # errors.cli_main names the rank
+    said = re.sub(r"^\[[^\]]*\]\s*", "", text.strip().splitlines()[0] if text.strip() else type(exc).__name__)
+    said = said.split(". ")[0][:200]  # gloo: "[file.cc:553] Connection closed by peer [10.77.0.2]:63662. This is..."
+    limit = f"collective timeout {timeout.total_seconds():g} s, GPT2FORGE_DIST_TIMEOUT_MIN"
+    if _CLOSED.search(text) and (peer := _PEER.search(text)):
+        lost = [r for r, (_, address) in enumerate(_nodes) if address == peer[1]]
+        who = _describe(lost) if lost else peer[1]
+        return (f"{here}: lost the connection to {who}: a process there exited or was killed (its own log or "
+                f"torchrun's summary says why) ({said}; {limit})")
+    missing = _ranks_not_checking_in(min(CHECK_IN_S, timeout.total_seconds()))
+    if missing is None:
+        store = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        return (f"{here}: a collective failed and the job's store at {store} does not answer either: this node "
+                f"lost its network, or the node of rank 0 went away ({said}; {limit})")
+    if missing:
+        return (f"{here}: a collective failed; not answering: {_describe(missing)}: their processes exited, or "
+                f"their node or its link is down ({said}; {limit})")
+    return f"{here}: a collective failed, yet every rank is still running: a slow rank or link? ({said}; {limit})"
+
+
+def _node_name(rank: int) -> str:
+    return _nodes[rank][0] if rank < len(_nodes) else "?"
+
+
+def _describe(ranks: list[int]) -> str:
+    """`node1 (10.77.0.2: rank 1, 3); node2 (...)`: the ranks grouped by node."""
+    by_node: dict[tuple[str, str], list[int]] = {}
+    for r in ranks:
+        by_node.setdefault(_nodes[r] if r < len(_nodes) else ("?", "?"), []).append(r)
+    return "; ".join(f"{host} ({address}: rank {', '.join(map(str, rs))})" for (host, address), rs in by_node.items())
+
+
+def _ranks_not_checking_in(wait_s: float) -> list[int] | None:
+    """The ranks that do not write their key at the job's store within `wait_s` seconds of this
+    one; None when this rank cannot reach the store."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    key = f"gpt2forge/failed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=max(wait_s, 1.0)))
+        store.set(f"{key}{rank}", "1")
+        deadline = time.monotonic() + wait_s
+        while True:
+            missing = [r for r in range(world) if not store.check([f"{key}{r}"])]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(0.25)
+    except (RuntimeError, ValueError):  # DistStoreError: the store's host or our link is gone
+        return None
 
 
 def _gloo_group(timeout: datetime.timedelta):

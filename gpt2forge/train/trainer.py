@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import UsageError
+from gpt2forge.core.errors import RunError, UsageError
 from gpt2forge.core.runtime import (
     LossScaler,
     autocast_dtype,
@@ -35,6 +35,7 @@ from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.ops.fp_mode import denormals_flushed
 from gpt2forge.parallel.distributed import (
+    TIMEOUT,
     DistEnv,
     check_world,
     device_for,
@@ -45,7 +46,7 @@ from gpt2forge.parallel.distributed import (
     resolve_zero_stage,
     shutdown,
 )
-from gpt2forge.parallel.health import Watchdog, wait_for_rank0
+from gpt2forge.parallel.health import Watchdog, collective_failure, wait_for_rank0
 from gpt2forge.parallel.memory_plan import (
     build_plan,
     check_offload_fits_host,
@@ -265,7 +266,7 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
     meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, model.config.flops_per_token(cfg.arch.max_len), peak)
     monitor = RunMonitor(cfg, model.config, total_steps)
     try:
-        last_val = _loop(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
+        last_val = _loop_naming_lost_nodes(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
         if data.test is not None:
             with _paused(run):
                 test = evaluate(run, data.test)
@@ -282,6 +283,18 @@ def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str,
         with _paused(run):
             maybe_sample(cfg, whole_model(run), device)
     return 0
+
+
+def _loop_naming_lost_nodes(run: Run, *args) -> tuple[float, float, int] | None:
+    """`_loop`; a collective that fails (a node, its processes or its link lost) ends the run with one
+    line naming the node(s) and the timeout (health.collective_failure), not gloo's traceback."""
+    try:
+        return _loop(run, *args)
+    except RuntimeError as exc:
+        line = collective_failure(exc, TIMEOUT, run.watchdog.what if run.watchdog is not None else "")
+        if line is None:
+            raise
+        raise RunError(line) from None
 
 
 def _paused(run: Run):
