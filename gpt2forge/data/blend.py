@@ -112,18 +112,23 @@ def _blend(prefixes: Sequence[str], weights: tuple[float, ...] | None, flag: str
     return Blend(tuple(_strip_suffix(p) for p in prefixes), weights)
 
 
-def split_blends(req: DataRequest) -> tuple[list[Blend | None], bool]:
-    """The blend of each split and whether they were given per split (``--train-data-path`` ...)."""
+def split_blends(req: DataRequest) -> tuple[list[Blend | None], tuple[bool, bool, bool]]:
+    """The blend of each split, and for each whether it reads its corpora whole rather than its ``--split``
+    share: all three with ``--train-data-path`` ...; only the given ones with ``--valid-data-path`` /
+    ``--test-data-path`` beside ``--input-files``, whose training data is still split by ``--split``
+    (seed 001's Megatron-LM ``--valid-data`` / ``--test-data``)."""
     per_split = (req.train_paths, req.valid_paths, req.test_paths)
-    if any(per_split):
+    flags = ("--train-data-path", "--valid-data-path", "--test-data-path")
+    if req.train_paths:
         if req.input_files:
-            raise UsageError("--input-files/--data-path and --train-data-path/--valid-data-path/--test-data-path "
-                             "exclude each other (Megatron's too); give one blend with --split, or one per split")
-        if not req.train_paths:
-            raise UsageError("--valid-data-path/--test-data-path need --train-data-path too")
-        flags = ("--train-data-path", "--valid-data-path", "--test-data-path")
-        return [parse_blend(p, f) if p else None for p, f in zip(per_split, flags)], True
-    return [parse_blend(req.input_files, "--input-files/--data-path")] * 3, False
+            raise UsageError("--input-files/--data-path and --train-data-path exclude each other (Megatron's too); "
+                             "give one blend with --split, or one per split")
+        return [parse_blend(p, f) if p else None for p, f in zip(per_split, flags)], (True, True, True)
+    if any(per_split) and not req.input_files:
+        raise UsageError("--valid-data-path/--test-data-path need --train-data-path or --input-files too")
+    shared = parse_blend(req.input_files, "--input-files/--data-path")
+    return ([parse_blend(p, f) if p else shared for p, f in zip(per_split, flags)],
+            (False, bool(req.valid_paths), bool(req.test_paths)))
 
 
 def train_target(req: DataRequest) -> tuple[int | None, int]:

@@ -363,21 +363,24 @@ def blended_split(name: str, blend: Blend, ranges: dict[str, tuple[int, int]],
 
 def load(req: DataRequest) -> DatasetSplit:
     """Reader for ``mmap``: train, valid and test splits of one blend split by ``--split``, or of one
-    blend per split (``--train-data-path`` ...). A bare single prefix is Megatron's plain GPTDataset.
+    blend per split (``--train-data-path`` ...), or of one blend split by ``--split`` whose valid or test
+    share is replaced by ``--valid-data-path`` / ``--test-data-path`` (``split_blends``). A bare single
+    prefix is Megatron's plain GPTDataset.
 
     Raises:
         UsageError: bad blend flags or ``--split``, a missing or corrupt file, token ids outside the
             vocabulary, prefixes made with different tokenizers, a training split too small for one
             sample, or an unwritable data folder.
     """
-    blends, per_split = split_blends(req)
+    blends, whole = split_blends(req)
     prefixes = [p for b in blends if b is not None for p in b.prefixes]
-    corpora = open_corpora(prefixes, req.vocab_size, "--train-data-path" if per_split else "--input-files/--data-path")
+    corpora = open_corpora(prefixes, req.vocab_size, "--train-data-path" if whole[0] else "--input-files/--data-path")
+    shared = set() if whole[0] else set(blends[0].prefixes)  # the corpora split by --split
     seq, bounds = req.max_len, {}
     for p, data in corpora.items():
-        bounds[p] = [0, len(data), len(data), len(data)] if per_split else split_boundaries(req.split, len(data))
-        where = "" if per_split else f"; --split {req.split}: " + ", ".join(
-            f"{n} [{bounds[p][k]}, {bounds[p][k + 1]})" for k, n in enumerate(SPLIT_NAMES))
+        bounds[p] = split_boundaries(req.split, len(data)) if p in shared else [0, len(data), len(data), len(data)]
+        where = "" if p not in shared else f"; --split {req.split}: " + ", ".join(
+            f"{n} [{bounds[p][k]}, {bounds[p][k + 1]})" for k, n in enumerate(SPLIT_NAMES) if not whole[k])
         log.info(f"mmap {p}: {len(data)} documents, {data.num_tokens} tokens ({data.dtype}){where}")
     samples, epochs = train_target(req)
     out: list[torch.utils.data.Dataset | None] = []
@@ -386,10 +389,9 @@ def load(req: DataRequest) -> DatasetSplit:
         if blend is None:
             out.append(None)
             continue
-        kk = 0 if per_split else k
-        ranges = {p: (bounds[p][kk], bounds[p][kk + 1]) for p in blend.prefixes}
+        ranges = {p: (0, len(corpora[p])) if whole[k] else (bounds[p][k], bounds[p][k + 1]) for p in blend.prefixes}
         size, passes = (samples, epochs) if name == "train" else (None, 1)
-        if len(blend.prefixes) == 1 and (per_split or blend.weights is None):
+        if len(blend.prefixes) == 1 and (whole[k] or blend.weights is None):
             p = blend.prefixes[0]
             asked = size if size is not None else passes * epoch_samples_of(corpora[p], *ranges[p], seq)
             out.append(gpt_dataset(corpora[p], name, *ranges[p], asked or None, seq, req.seed))

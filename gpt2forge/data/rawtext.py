@@ -10,7 +10,9 @@ The first run tokenizes on every core into a Megatron ``.bin/.idx`` in the cache
 by the inputs' content and the tokenizer; a changed input or tokenizer rebuilds, an unchanged one is
 reused at once, a concurrent run waits for the build), then trains exactly as ``--dataset mmap`` on that
 prefix (``--split``, blends, document masks). ``--input-files W1 GLOB1 W2 GLOB2`` makes one cache per
-glob and blends them as ``--dataset mmap`` blends prefixes.
+glob and blends them as ``--dataset mmap`` blends prefixes. ``--valid-data-path`` / ``--test-data-path``
+files (one cache each) replace the validation / test share, the training files still split by ``--split``
+(seed 001's Megatron-LM ``--valid-data`` / ``--test-data``).
 
 Workers read their own byte ranges of the files (about 1 MiB, cut at line ends), so the parent only
 scans for line ends and writes tokens; results come back in input order, so the cache does not depend
@@ -59,7 +61,7 @@ class Piece(NamedTuple):
     first_line: int
 
 
-def resolve_inputs(patterns: tuple[str, ...] | list[str], dataset: str) -> list[Path]:
+def resolve_inputs(patterns: tuple[str, ...] | list[str], dataset: str, flag: str = "--input-files") -> list[Path]:
     """The files ``patterns`` name, in order (each glob's matches sorted, duplicates dropped).
 
     Raises:
@@ -71,10 +73,10 @@ def resolve_inputs(patterns: tuple[str, ...] | list[str], dataset: str) -> list[
         matches = [m for m in sorted(glob.glob(pattern, recursive=True)) if not Path(m).is_dir()] if magic \
             else [pattern]
         if not matches or not Path(matches[0]).exists():
-            raise UsageError(f"--input-files {pattern}: {'matches no file' if magic else 'no such file'} "
+            raise UsageError(f"{flag} {pattern}: {'matches no file' if magic else 'no such file'} "
                              f"(--dataset {dataset} reads files, or quoted globs such as 'docs/*.{dataset}')")
         if Path(matches[0]).is_dir():
-            raise UsageError(f"--input-files {pattern} is a folder; give its files, e.g. '{pattern}/*.jsonl'")
+            raise UsageError(f"{flag} {pattern} is a folder; give its files, e.g. '{pattern}/*.jsonl'")
         files.update(dict.fromkeys(Path(m) for m in matches))
     return list(files)
 
@@ -293,7 +295,13 @@ def load(req: DataRequest) -> DatasetSplit:
     if not req.input_files:
         raise UsageError(f"--dataset {dataset} needs --input-files: files or quoted globs, e.g. 'docs/*.{dataset}'")
     groups = weighted_groups(req.input_files)
+    held_out = {name: (str(cached_prefix(resolve_inputs(getattr(req, name), dataset, flag), dataset, req)),)
+                for name, flag in (("valid_paths", "--valid-data-path"), ("test_paths", "--test-data-path"))
+                if getattr(req, name)}  # read whole; the training files are still split by --split
     if req.loss_on == "completion":
+        if held_out:
+            raise UsageError("--loss-on completion holds out its own validation records; drop "
+                             "--valid-data-path/--test-data-path")
         if dataset != "jsonl" or groups[0][0] is not None:
             raise UsageError("--loss-on completion reads prompt/completion records from --dataset jsonl files "
                              "(one set, without blend weights)")
@@ -303,4 +311,4 @@ def load(req: DataRequest) -> DatasetSplit:
     else:
         prefixes = tuple(itertools.chain.from_iterable(
             (w, str(cached_prefix(resolve_inputs((g,), dataset), dataset, req))) for w, g in groups))
-    return mmap.load(replace(req, dataset="mmap", input_files=prefixes))
+    return mmap.load(replace(req, dataset="mmap", input_files=prefixes, **held_out))

@@ -98,13 +98,16 @@ class DataArgs:
                                             "--valid-data-path and --test-data-path instead of --split (Megatron's)",
                                             kind="list_str")
     """Training prefixes (optionally weighted); None: from input_files and split."""
-    valid_data_path: list[str] | None = opt(None, "(new) mmap: validation data ('[W1] PREFIX1 ...'); hf: validation "
-                                            "files of the --input-files kind (run_clm's --validation_file)",
+    valid_data_path: list[str] | None = opt(None, "(new) mmap: validation data ('[W1] PREFIX1 ...'); jsonl and text: "
+                                            "validation files, the --input-files still split by --split (seed "
+                                            "001's Megatron --valid-data; mmap with --input-files too); hf: "
+                                            "validation files of the --input-files kind (run_clm's --validation_file)",
                                             kind="list_str")
-    """Validation prefixes (optionally weighted) for mmap; validation files for hf."""
-    test_data_path: list[str] | None = opt(None, "(new) mmap: test data ('[W1] PREFIX1 ...'), evaluated at the end "
+    """Validation prefixes (optionally weighted) for mmap; validation files for jsonl, text and hf."""
+    test_data_path: list[str] | None = opt(None, "(new) mmap: test data ('[W1] PREFIX1 ...'); jsonl and text: test "
+                                           "files, the --input-files still split by --split; evaluated at the end "
                                            "of training", kind="list_str")
-    """Test prefixes (optionally weighted); evaluated once after training."""
+    """Test prefixes (optionally weighted) for mmap, test files for jsonl and text; evaluated once after training."""
     json_key: str = opt("text", "(new) jsonl: the key holding each document's text (Megatron's --json-keys); hf: "
                         "the text column (when the data has no such column and this is `text`: the first column, "
                         "as run_clm)")
@@ -178,15 +181,17 @@ class DataArgs:
         if not 0 <= self.validation_split_percentage < 100:
             problems.append("--validation-split-percentage must be in [0, 100) "
                             f"(got {self.validation_split_percentage})")
-        split_paths = self.train_data_path or self.test_data_path or (self.valid_data_path and self.dataset != "hf")
+        held_out_ok = ("mmap", "jsonl", "text", "hf") if self.valid_data_path else ("mmap", "jsonl", "text")
+        split_paths = self.train_data_path and self.dataset != "mmap" or (
+            (self.valid_data_path or self.test_data_path) and self.dataset not in held_out_ok)
         if self.dataset in ("pickle", "tfrecord", "jsonl", "text", "hf") and not self.input_files:
             problems.append(f"--dataset {self.dataset} needs --input-files PATH")
         if self.dataset == "mmap" and not (self.input_files or self.train_data_path):
             problems.append("--dataset mmap needs --input-files PREFIX (or W1 PREFIX1 W2 PREFIX2 ...) or "
                             "--train-data-path")
-        if split_paths and self.dataset != "mmap":
-            problems.append("--train-data-path/--valid-data-path/--test-data-path need --dataset mmap "
-                            "(--valid-data-path also goes with --dataset hf)")
+        if split_paths:
+            problems.append("--train-data-path needs --dataset mmap; --valid-data-path and --test-data-path go with "
+                            "mmap, jsonl and text (--valid-data-path also with hf)")
         if self.loss_on == "completion" and self.dataset not in ("jsonl", None):
             problems.append("--loss-on completion needs --dataset jsonl with prompt/completion records")
         collect(problems)

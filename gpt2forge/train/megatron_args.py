@@ -69,9 +69,28 @@ def _data_path(value: list[str], values: dict) -> None:
     values["input_files"] = value
 
 
+def _no_alias(flag_name: str, paths: list[str]) -> None:
+    """A bare name that is no file (seed 001's corpus aliases of Megatron-LM's data_utils/corpora.py:
+    `--train-data wikipedia`) is one line saying what to pass instead; a file, a mmap prefix (PATH.bin) or
+    anything that looks like a path goes on, to the reader's own check."""
+    for path in paths:
+        if not path or not (Path(path).exists() or Path(f"{path}.bin").exists() or any(c in path for c in "/.*?[")):
+            raise UsageError(f"{flag_name} {path}: not a file; Megatron-LM's corpora.py aliases (wikipedia, webtext) "
+                             "are not kept here: pass the loose JSON file itself (one {\"text\": ...} per line; "
+                             "docs/corpus.md: python data/prepare_corpus.py --input RAW.jsonl --output-dir out/)")
+
+
 def _train_data(value: list[str], values: dict) -> None:
+    _no_alias("--train-data", value)
     values["dataset"] = "jsonl"  # seed 001's loose JSON, one document per line
     values["input_files"] = value
+
+
+def _held_out_data(flag_name: str, field: str):
+    def apply(value: list[str], values: dict) -> None:
+        _no_alias(flag_name, value)
+        values[field] = value
+    return apply
 
 
 def _data_impl(value: str, _values: dict) -> None:
@@ -259,6 +278,12 @@ FLAGS: tuple[Flag, ...] = (
       "mmap prefixes, optionally weighted: W1 P1 W2 P2 ...", str, "+", stands_for=("--dataset mmap", "--input-files")),
     M(("--train-data",), "data and dataloader", _train_data, "loose JSON files, one document per line", str, "+",
       stands_for=("--dataset jsonl", "--input-files")),
+    M(("--valid-data",), "data and dataloader", _held_out_data("--valid-data", "valid_data_path"),
+      "(seed 001) validation files (mmap prefixes with --data-path); the training data is still split by --split",
+      str, "+", stands_for=("--valid-data-path",)),
+    M(("--test-data",), "data and dataloader", _held_out_data("--test-data", "test_data_path"),
+      "(seed 001) test files (mmap prefixes with --data-path), evaluated after training", str, "+",
+      stands_for=("--test-data-path",)),
     M(("--mock-data",), "data and dataloader", switch_to("dataset", "generated"),
       "synthetic token ids instead of a corpus (our --dataset generated)", None,
       stands_for=("--dataset generated",)),

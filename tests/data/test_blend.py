@@ -147,6 +147,18 @@ def test_per_split_paths_and_test_split(tmp_path):
     assert split.test is not None and split.test.data.prefix == a
 
 
+def test_valid_and_test_paths_replace_their_share_of_the_split(tmp_path):
+    """Seed 001's Megatron --valid-data/--test-data: the training data keeps its --split share, the
+    given files are read whole as validation/test data."""
+    a, c = write_corpus(tmp_path / "a", 40, 0), write_corpus(tmp_path / "c", 10, 1)
+    data = load_datasets(request([a], split="80,10,10", valid_paths=(c,)))
+    assert data.train.data.prefix == a and data.train.doc_idx.max() < 32  # documents [0, 32) of a
+    assert data.val.data.prefix == c and set(data.val.doc_idx.tolist()) == set(range(10))
+    assert data.test.data.prefix == a and data.test.doc_idx.min() >= 36  # a's test share, [36, 40)
+    with pytest.raises(UsageError, match="need --train-data-path or --input-files"):
+        load_datasets(DataRequest("mmap", (), 16, VOCAB, 1, valid_paths=(c,)))
+
+
 @pytest.fixture
 def tiny_config(make_tiny_config) -> Path:
     return make_tiny_config(vocab_size=VOCAB)

@@ -235,8 +235,10 @@ def test_flags_reach_the_request():
                           "--validation-split-percentage must be in [0, 100)"),
                          (["--dataset", "hf", "--input-files", "a", "--preprocessing-workers", "0"],
                           "--preprocessing-workers must be >= 1"),
-                         (["--dataset", "jsonl", "--input-files", "a", "--valid-data-path", "b"],
-                          "need --dataset mmap")]:
+                         (["--dataset", "jsonl", "--input-files", "a", "--train-data-path", "b"],
+                          "--train-data-path needs --dataset mmap"),
+                         (["--dataset", "hf", "--input-files", "a", "--test-data-path", "b"],
+                          "--test-data-path go with mmap, jsonl and text")]:
         with pytest.raises(UsageError, match=re.escape(needle)):
             parse_args(argv)
 
