@@ -2,7 +2,9 @@
 
 The reference's flags keep working (`--valid-data`, `--checkpoint-input-dir`, `--seq-length`,
 `--overlapping-eval`, `--strict-lambada [BOOL]`, `--tokenizer-type`, `--batch-size`, `--fp16`,
-`--log-interval`); its IPU-only flags are accepted and ignored with a notice.
+`--log-interval`); its IPU-only flags are accepted and ignored with a notice. Megatron-LM's
+`scripts/run_gpt2_eval.py` flags work on both (`megatron_eval`), and `tasks/run_gpt2_eval.py` takes that
+script's command line whole (`run_gpt2_eval_main`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gpt2forge.core.flags import str_to_bool
 from gpt2forge.core.runtime import configure_matmul, resolve_device, resolve_precision
 from gpt2forge.evaluation.data import data_format, load_stream, read_json_lines, read_text
 from gpt2forge.evaluation.detokenizer import DETOKENIZERS, detokenizer_name_for, get_detokenizer, sample_of
+from gpt2forge.evaluation.megatron_eval import add_megatron_flags, apply_megatron_flags, check_shape, dispatch
 from gpt2forge.evaluation.protocol import LAMBADA_TARGETS, build_cloze_examples, lm_eval_pages
 from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_pages, evaluate_stream
 from gpt2forge.model.pretrained import load_pretrained, resolve_model_dir
@@ -35,9 +38,10 @@ IPU_FLAGS = ("--layers-per-ipu", "--device-iterations", "--matmul-proportion", "
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--checkpoint-input-dir", "--model-name-or-path", "--pretrained-checkpoint", dest="checkpoint",
-                   required=True, help="our checkpoint (step_N/, epoch_N/ or a root with `latest`) or a "
-                                       "Hugging Face GPT-2 directory")
+    p.add_argument("--checkpoint-input-dir", "--model-name-or-path", "--pretrained-checkpoint", "--model-path",
+                   dest="checkpoint", required=True,
+                   help="our checkpoint (step_N/, epoch_N/ or a root with `latest`), a Megatron-LM checkpoint or a "
+                        "Hugging Face GPT-2 directory (--model-path: Megatron's name)")
     p.add_argument("--valid-data", "--data-path", dest="valid_data", nargs="+", required=True, metavar="PATH",
                    help="the evaluation file (exactly one)")
     p.add_argument("--tokenizer-type", type=int, choices=(0, 1), default=None,
@@ -76,6 +80,7 @@ def wiki_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-key", default="text", help="jsonl: the key holding each document (default: text)")
     p.add_argument("--max-windows", type=int, default=None,
                    help="score only the first N windows (a partial, quick result; marked in the JSON)")
+    add_megatron_flags(p, "wiki")
     p.add_argument("--protocol", choices=("megatron", "lm-eval"), default="megatron",
                    help="megatron: one token stream, overlapping windows, per-original-token perplexity; "
                         "lm-eval: lm-evaluation-harness's wikitext task (pages after <|endoftext|>, rolling "
@@ -95,13 +100,14 @@ def lambada_parser() -> argparse.ArgumentParser:
                    help="megatron: the last whitespace-separated word (the reference's and Megatron-LM's, "
                         "the default so figures compare with theirs); lm-eval: everything after the last space, "
                         "scored whole (lm-evaluation-harness's lambada_openai; implies --strict-lambada)")
+    add_megatron_flags(p, "lambada")
     return p
 
 
 class Session:
     """What both tasks set up the same way: device, precision, model, tokenizer, window length."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, task: str):
         problems = []
         if len(args.valid_data) != 1:
             problems.append(f"--valid-data takes exactly one path (got {len(args.valid_data)})")
@@ -111,6 +117,7 @@ class Session:
             problems.append(f"--seq-length must be >= 1 (got {args.seq_length})")
         if problems:
             raise UsageError("; ".join(problems))
+        apply_megatron_flags(args, task)
         for name in IPU_FLAGS:
             if getattr(args, name.lstrip("-").replace("-", "_")) is not None:
                 log.notice(f"{name} is an IPU/reference flag with no effect here; ignored")
@@ -121,6 +128,7 @@ class Session:
         configure_matmul(self.device, self.precision, False)
         self.ckpt_dir = resolve_model_dir(args.checkpoint)
         self.model, self.tokenizer = load_pretrained(args.checkpoint, self.device, args.tokenizer_type)
+        check_shape(args, self.model.config)
         n_pos = self.model.config.n_positions
         self.seq_len = args.seq_length or n_pos
         if self.seq_len > n_pos:
@@ -161,7 +169,7 @@ class Session:
 @cli_main
 def wiki_main(argv: Sequence[str] | None = None) -> int:
     args = wiki_parser().parse_args(argv)
-    s = Session(args)
+    s = Session(args, "wiki")
     stride = args.overlapping_eval or s.seq_len
     if args.max_windows is not None and args.max_windows < 1:
         raise UsageError(f"--max-windows must be >= 1 (got {args.max_windows})")
@@ -219,7 +227,7 @@ def _wiki_lm_eval(s: Session, fmt: str) -> int:
 @cli_main
 def lambada_main(argv: Sequence[str] | None = None) -> int:
     args = lambada_parser().parse_args(argv)
-    s = Session(args)
+    s = Session(args, "lambada")
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples must be >= 1 (got {args.max_examples})")
     path = Path(s.data_path)
@@ -252,3 +260,10 @@ def lambada_main(argv: Sequence[str] | None = None) -> int:
     dataset = {"path": str(path), "sha256": file_sha256(path), "examples": len(examples)}
     s.finish(summary, s.record("lambada", out, protocol, dataset))
     return 0
+
+
+@cli_main
+def run_gpt2_eval_main(argv: Sequence[str] | None = None) -> int:
+    """`tasks/run_gpt2_eval.py`: Megatron-LM's `scripts/run_gpt2_eval.py` command line (megatron_eval)."""
+    task, task_argv = dispatch(sys.argv[1:] if argv is None else argv)
+    return (lambada_main if task == "lambada" else wiki_main)(task_argv)

@@ -10,6 +10,7 @@ Megatron mmap).
 - `dedup`: exact and near-duplicate removal over streamed fingerprints (.npz, never pickle).
 - `openwebtext_dedup`: the seed's find_duplicates / group_duplicate_url / remove_group_duplicates.
 - `decontaminate`: removing n-gram overlaps with evaluation sets (data/filter_ngrams.py).
+- `splits`: loose JSON -> fixed train/dev/test files (data/split_json.py, Megatron's scripts/split_json.py).
 - `urls`: the URL blacklist rules (data/blacklist_urls.py).
 - `prepare`: the whole corpus path in one resumable command with a manifest (data/prepare_corpus.py).
 - `megatron`: loose JSON -> `<prefix>_text_document.{bin,idx}` and merging (gpt2forge.data.indexed).
