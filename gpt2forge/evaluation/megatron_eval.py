@@ -99,7 +99,8 @@ def check_shape(args: argparse.Namespace, config) -> None:
 def dispatch(argv: Sequence[str]) -> tuple[str, list[str]]:
     """run_gpt2_eval.py's argv -> ("wiki" | "lambada", the argv of that task): `--cloze-eval` is LAMBADA,
     `--webtext-eval` corpus perplexity, anything else WikiText with `--overlapping-eval 32` unless given.
-    `--eval-iters` counts only with `--webtext-eval`, as in Megatron (a notice says it is ignored otherwise)."""
+    `--eval-iters` counts only with `--webtext-eval` and `--strict-lambada` only with `--cloze-eval`, as in
+    Megatron (a notice says when one is ignored)."""
     p = argparse.ArgumentParser(
         prog="run_gpt2_eval.py",
         description="Megatron-LM's zero-shot GPT-2 evaluation command line: WikiText perplexity (default, "
@@ -114,6 +115,9 @@ def dispatch(argv: Sequence[str]) -> tuple[str, list[str]]:
     if known.cloze_eval and known.webtext_eval:
         raise UsageError("--cloze-eval and --webtext-eval exclude each other (one evaluation per run)")
     argv = list(argv)
+    if not known.cloze_eval and "--strict-lambada" in argv:
+        log.notice("--strict-lambada counts only with --cloze-eval (as in Megatron); ignored")
+        argv = [a for a in argv if a != "--strict-lambada"]
     if known.webtext_eval:
         return "wiki", argv
     if known.eval_iters is not None:

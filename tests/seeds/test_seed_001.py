@@ -222,3 +222,17 @@ def test_split_json_gives_fixed_files_for_train_valid_and_test_data(files, tmp_p
     assert Path(inputs[f]).read_text().splitlines()[n] == split["dev"][0]
     code, _, err = run(command + " --test_percent 0.6 0.5 --overwrite")
     one_line_error(code, err, "--test_percent 0.6 0.5", "take all 68 lines")
+
+
+def test_run_gpt2_eval_picks_the_task_and_megatrons_settings_as_its_script_did():
+    from gpt2forge.core.errors import UsageError
+    from gpt2forge.evaluation.megatron_eval import dispatch
+
+    assert dispatch(["--data-path", "w"]) == ("wiki", ["--data-path", "w", "--overlapping-eval", "32"])
+    assert dispatch(["--overlapping-eval", "8"]) == ("wiki", ["--overlapping-eval", "8"])
+    assert dispatch(["--cloze-eval", "--eval-iters", "5", "--strict-lambada"]) == \
+        ("lambada", ["--cloze-eval", "--strict-lambada"])  # Megatron ran --eval-iters only for webtext
+    assert dispatch(["--strict-lambada", "--eval-iters=3"]) == ("wiki", ["--overlapping-eval", "32"])
+    assert dispatch(["--webtext-eval", "--eval-iters", "5"]) == ("wiki", ["--webtext-eval", "--eval-iters", "5"])
+    with pytest.raises(UsageError, match="exclude each other"):
+        dispatch(["--webtext-eval", "--cloze-eval"])
