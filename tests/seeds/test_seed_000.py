@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {
     "tools/preprocess_data.py": ("data/preprocess_data.py", "main"),
     "tools/merge_preprocessed_data.py": ("data/merge_preprocessed_data.py", "main"),
+    "tools/preprocess_data_many_cores.py": ("data/preprocess_data_many_cores.py", "main"),
     "pretrain_gpt.py": ("pretrain_gpt.py", "megatron_main"),
 }
 """The seed's script -> (the file here, its entry function)."""
@@ -168,6 +169,8 @@ ROWS = [
     ("preprocess", PREPROCESS, ("ok", "my-gpt2_text_document.bin", "my-gpt2_text_document.idx")),
     ("merge", MERGE, ("ok", "meg-gpt2_oscar_text_document.bin", "meg-gpt2_oscar_text_document.idx")),
     ("quick-preprocess", QUICK_PREPROCESS.replace("my-gpt2", "quick-gpt2"), ("ok", "quick-gpt2_text_document.idx")),
+    ("preprocess-many-cores", PREPROCESS.replace("preprocess_data.py", "preprocess_data_many_cores.py").replace(
+        "my-gpt2", "many-gpt2"), ("ok", "many-gpt2_text_document.bin", "many-gpt2_text_document.idx")),
     ("hf-tokenizer-from-the-hub", HF_TOKENIZER, ("error", "--tokenizer-name-or-path t5-small", "save_pretrained")),
     ("hf-tokenizer-local-folder", HF_TOKENIZER.replace("t5-small", str(asset_dir())),
      ("ok", "c4_en_train_text_document.idx")),
