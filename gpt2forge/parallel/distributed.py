@@ -94,9 +94,27 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
     device = with_index(device)  # init_process_group refuses a device_id without an index
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=TIMEOUT, device_id=device if device.type == "cuda" else None)
+    device_id = device if device.type == "cuda" else None
+    if (store := _store_of_this_attempt()) is not None:
+        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=TIMEOUT,
+                                device_id=device_id)
+    else:
+        dist.init_process_group(backend, timeout=TIMEOUT, device_id=device_id)
     log.info(f"Distributed: {env.world_size} processes, backend {backend}")
     preflight(device)
+
+
+def _store_of_this_attempt() -> dist.Store | None:
+    """torchrun's store for its workers, with keys of their own per restart attempt; None where
+    torch's env:// store is right. Under c10d rendezvous torchrun's workers share its rendezvous
+    store (TORCHELASTIC_USE_AGENT_STORE), and torch reuses their keys across restarts: workers
+    restarted by --max-restarts read the previous attempt's gloo/NCCL addresses and fail with
+    "Connection refused" (pytorch/pytorch#135712)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=TIMEOUT)
+    return dist.PrefixStore(f"/gpt2forge/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def device_for(env: DistEnv, device: torch.device) -> torch.device:

@@ -1,6 +1,7 @@
-"""The one line a failed collective ends a run with (health.collective_failure), in one process
-over a world of one; the namespaced-cluster tests (tests/cluster/test_faults.py) meet the same
-lines from real lost nodes and cut links."""
+"""What the trainer does for a job that loses a node, in one process: the one line a failed
+collective ends a run with (health.collective_failure), over a world of one, and the store a
+restarted torchrun worker joins with. The namespaced-cluster tests (tests/cluster/test_faults.py)
+meet both with real lost nodes, cut links and restarts."""
 
 import datetime
 import os
@@ -10,7 +11,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from gpt2forge.parallel import health
+from gpt2forge.parallel import distributed, health
 
 TIMEOUT = datetime.timedelta(seconds=12)
 
@@ -73,3 +74,19 @@ def test_the_collective_timeout_takes_fractions_of_a_minute():
     out = subprocess.run([sys.executable, "-c", "from gpt2forge.parallel.distributed import TIMEOUT; "
                           "print(TIMEOUT.total_seconds())"], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "15.0", out.stderr
+
+
+def test_restarted_workers_get_keys_of_their_own_attempt_in_torchruns_shared_store(monkeypatch):
+    """Under c10d rendezvous torchrun's workers share its store and torch reuses their keys across
+    restarts (pytorch/pytorch#135712: restarted workers dialled the previous attempt's addresses)."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    assert distributed._store_of_this_attempt() is None  # torch's own env:// store is right then
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    for attempt in ("0", "1"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", attempt)
+        distributed._store_of_this_attempt().set("rank0_address", f"port of attempt {attempt}")
+    assert server.get("/gpt2forge/attempt_0/rank0_address") == b"port of attempt 0"
+    assert server.get("/gpt2forge/attempt_1/rank0_address") == b"port of attempt 1"
