@@ -60,6 +60,9 @@ def apply_megatron_flags(args: argparse.Namespace, task: str) -> None:
     Raises:
         UsageError: the other task's flag, or a bad value.
     """
+    other = {"wiki": ("LAMBADA", "tasks/evaluate_lambada.py"), "lambada": ("WIKITEXT103", "tasks/evaluate_wiki.py")}
+    if other[task][0] in [t.upper() for t in args.task or ()]:  # the reference's (and Megatron tasks/main.py's)
+        raise UsageError(f"--task {other[task][0]} is {other[task][1]}'s task: run that script with the same flags")
     if task == "wiki" and args.cloze_eval:
         raise UsageError("--cloze-eval is LAMBADA: run tasks/evaluate_lambada.py (or tasks/run_gpt2_eval.py "
                          "--cloze-eval) with the same flags")

@@ -312,6 +312,8 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
         (wiki_main, ["--valid-data", str(data), "--seq-length", "65"], "n_positions"),
         (wiki_main, ["--valid-data", str(tmp_path / "missing.txt")], "file not found"),
         (lambada_main, ["--valid-data", str(data)], "line 1: not valid JSON"),
+        (wiki_main, ["--valid-data", str(data), "--task", "LAMBADA"], "tasks/evaluate_lambada.py's task"),
+        (lambada_main, ["--valid-data", str(data), "--task", "WIKITEXT103"], "tasks/evaluate_wiki.py's task"),
     ]
     for fn, args, needle in cases:
         assert fn(base + args) == 2
