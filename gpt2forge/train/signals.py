@@ -4,8 +4,11 @@ or SIGUSR1, as Slurm sends before preemption or the time limit and torchrun pass
 The handler only records the signal. After each host step the loop calls `agreed_signal`: every
 rank contributes what it received (an all-reduce, so all ranks stop after the same step even when
 the signal reached only some of them); the run then saves `step_N` and ends with exit code 0, and
-a requeued job with --auto-resume continues from that checkpoint. A second signal ends the process
-at once, as without the handler (checkpoint writes are atomic, so nothing half-written remains).
+a requeued job with --auto-resume continues from that checkpoint. The same request often arrives
+twice: Slurm and PBS signal every process of the job, and torchrun forwards its own copy to its
+workers; a repeat within REPEAT_WINDOW_S seconds of the first is that copy and is ignored. A second
+signal after that ends the process at once, as without the handler (checkpoint writes are atomic,
+so nothing half-written remains).
 SIGINT (Ctrl-C) is not handled here: it interrupts at once with exit code 130, as before.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -23,8 +27,12 @@ import torch
 import torch.distributed as dist
 
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+REPEAT_WINDOW_S = 10.0
+"""A signal this soon after the first is the scheduler's and torchrun's copies of one request (torchrun
+forwards within its monitor interval, well under a second), not a user asking again."""
 
 _received: int = 0  # the first exit signal this process received while the handler was installed
+_received_at = 0.0  # time.monotonic() of it
 _previous: dict[int, Any] = {}  # signal -> the handler ours replaced, while ours is installed
 _active = False  # inside `exit_signals` with the handler on (the same on every rank: one config)
 
@@ -35,12 +43,14 @@ class ExitRequested(Exception):
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
-    global _received
+    global _received, _received_at
+    if _received and time.monotonic() - _received_at < REPEAT_WINDOW_S:
+        return  # another copy of the same request
     if _received:  # asked twice: behave as if no handler were installed
         _restore()
         signal.raise_signal(signum)
         return
-    _received = signum
+    _received, _received_at = signum, time.monotonic()
 
 
 def _restore() -> None:
