@@ -2,7 +2,8 @@
 lines runs here as written, or gives the one line that names its replacement.
 
 A table row is the README's line; sizes shrink by flags appended after it (the last value of a flag
-wins): a 32-wide model of the line's depth, 32 tokens, 2 micro-batches, one step, --device cpu.
+wins): a 32-wide model of the line's depth, 32 tokens, gradient accumulation 1 (times the replicas
+one process stands in for), one step, --device cpu.
 Paths are temporary files. Not run: `pip install`, `make` (tests/ops build the custom ops),
 `python3 -m pytest`, and `./data/wikipedia_download.sh` / `wikipedia_extract.sh` (the network and a
 20 GB dump; their data comes in here as an extracted AA/wiki_00 file).
@@ -64,7 +65,7 @@ TRAINING_LINES = {"quick start": QUICK_START, "GPT2-small": SMALL, "GPT2-medium"
 
 def shrink(config: Path, layers: int) -> list[str]:
     return ["--model-config", str(config), "--num-layers", str(layers), "--max-len", "32", "--gradient-accumulation",
-            "2", "--device-iterations", "1", "--training-steps", "1", "--num-workers", "0", "--device", "cpu"]
+            "1", "--device-iterations", "1", "--training-steps", "1", "--num-workers", "0", "--device", "cpu"]
 
 
 def layers_of(line: str) -> int:
