@@ -352,11 +352,17 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, tmp: Path, first: boo
     run = (run_ours if arm == "ours" else run_nanogpt)(seed, args, tmp)
     run.update(arm=arm, seed=seed, load_at_start=load, step_s_median=statistics.median(run["step_s"][1:] or
                                                                                           run["step_s"]))
+    print_run(run)
+    return run
+
+
+def print_run(run: dict, source: str = "") -> None:
+    """One run's line: its held-out losses, median and first step, wall time, load (and `source`)."""
+    arm, seed, load = run["arm"], run["seed"], run["load_at_start"]
     own = "".join(f", its own estimate {s}: {loss:.3f}" for s, loss in run.get("own_val_estimate", [])[-1:])
     print(f"{arm:8s} seed {seed}: " + ", ".join(f"{s}: {loss:.4f}" for s, loss, _ in run["curve"])
           + f"; step {run['step_s_median']:.3f} s, first {run['first_step_s']:.2f} s, wall {run['wall_s']:.1f} s "
-          f"(load {load:.2f}{own})", flush=True)
-    return run
+          f"(load {load:.2f}{own}){source}", flush=True)
 
 
 # ------------------------------------------------------------------------------- summary
@@ -436,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             for arm in ("ours", "nanogpt") if k % 2 == 0 else ("nanogpt", "ours"):  # load drift hits both
                 if arm == "nanogpt" and reused:
                     runs.append(reused[seed])
+                    print_run(reused[seed], f" [from {args.nanogpt_runs}]")
                     continue
                 runs.append(run_arm(arm, seed, args, Path(tmp), first=not runs))
     summary = summarize(runs)
