@@ -9,8 +9,8 @@ is one line naming `file:line`).
 
 `KEYS` lists every setting read and what it becomes here (docs/training.md shows it). The other
 settings are named in one notice as ignored; values this trainer cannot reproduce (NVMe offload, 2D
-tensor parallelism, a pipeline without a stage split, another optimizer or model) stop with one line
-saying what to write instead (exit 2). The command line still wins over the file.
+tensor parallelism, an interleaved pipeline, another optimizer or model) stop with one line saying
+what to write instead (exit 2). The command line still wins over the file.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ KEYS: dict[str, str] = {
     "optimizer.betas": "`--adam-beta1`, `--adam-beta2`",
     "optimizer.eps": "`--adam-eps`",
     "optimizer.adamw_mode": "see optimizer.type",
-    "model.type": "gpt2_small, gpt2_medium, gpt2_large, gpt2_xl: `--model gpt2|gpt2-medium|gpt2-large|gpt2-xl`",
+    "model.type": "gpt2_small, gpt2_medium, gpt2_large, gpt2_xl: `--model gpt2|gpt2-medium|gpt2-large|gpt2-xl`; "
+                  "the example's GPT2_small_pipeline_1D/_hybrid: `gpt2`, GPT2_exlarge_pipeline_1D/_hybrid: `gpt2-xl "
+                  "--num-attention-heads 32`",
     "model.checkpoint": "true: `--recompute-checkpoint-every-layer`",
     "model.dim": "`--hidden-size`",
     "model.hidden_size": "`--hidden-size`",
@@ -69,7 +71,11 @@ KEYS: dict[str, str] = {
     "model.num_attention_heads": "`--num-attention-heads`",
     "model.max_position_embeddings": "`--max-position-embeddings`",
     "model.dtype": "torch.half: `--precision fp16`; torch.bfloat16: `bf16`; torch.float: `fp32`",
-    "parallel.pipeline": "1 (a pipeline here needs its stage split: `--layers-per-ipu`)",
+    "parallel.pipeline": "`--ipus-per-replica` and `--layers-per-ipu`: the model's blocks split as Colossal-AI's "
+                         "uniform partition splits them (the later stages take the remainder)",
+    "NUM_MICRO_BATCHES": "with parallel.pipeline: `--batch-size` BATCH_SIZE / NUM_MICRO_BATCHES, "
+                         "`--gradient-accumulation` x NUM_MICRO_BATCHES",
+    "model.num_chunks": "1 (the interleaved schedule is not here)",
     "parallel.tensor.size": "with mode '1d': `--tensor-model-parallel-size`",
     "parallel.tensor.mode": "'1d' (Megatron's) or None",
     "DATA": "(environment variable, read by Colossal-AI's train_gpt.py) `--dataset jsonl --input-files $DATA`, "
@@ -77,7 +83,15 @@ KEYS: dict[str, str] = {
 }
 """Every setting read (dotted path) -> what it becomes here."""
 
-MODELS = {"gpt2_small": "gpt2", "gpt2_medium": "gpt2-medium", "gpt2_large": "gpt2-large", "gpt2_xl": "gpt2-xl"}
+_EXLARGE = {"model": "gpt2-xl", "num_attention_heads": 32}  # 48 blocks of 1600 as GPT-2 XL, 32 heads (XL: 25)
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt2_small": {"model": "gpt2"}, "gpt2_medium": {"model": "gpt2-medium"}, "gpt2_large": {"model": "gpt2-large"},
+    "gpt2_xl": {"model": "gpt2-xl"}, "GPT2_small_pipeline_1D": {"model": "gpt2"},
+    "GPT2_small_pipeline_hybrid": {"model": "gpt2"}, "GPT2_exlarge_pipeline_1D": _EXLARGE,
+    "GPT2_exlarge_pipeline_hybrid": _EXLARGE}
+"""model.type (titans' and the example's pipeline models) -> the values of its shape here."""
+DEPTHS = {"gpt2": 12, "gpt2-medium": 24, "gpt2-large": 36, "gpt2-xl": 48}
+"""Blocks of each --model, for the pipeline's split."""
 OPTIMIZERS = {"HybridAdam": "AdamW", "CPUAdam": "AdamW", "FusedAdam": "AdamW", "AdamW": "AdamW", "Adam": "Adam",
               "Lamb": "LAMB", "FusedLAMB": "LAMB"}
 """optimizer.type -> --optimizer (the Adam kinds with adamw_mode false are Adam)."""
@@ -175,11 +189,6 @@ def _as_flags(values: dict[str, Any]) -> str:
 
 
 def _batch(a: _Apply) -> None:
-    pipeline = a.number("parallel.pipeline", int, 1)
-    if pipeline is not None and pipeline > 1:
-        raise a.refuse("parallel.pipeline", pipeline, "the stage split is data here: write pipeline=1 and give "
-                                                      "--layers-per-ipu N1 N2 ... --ipus-per-replica "
-                                                      f"{pipeline} on the command line")
     size, mode = a.number("parallel.tensor.size", int, 1), a.get("parallel.tensor.mode")
     if size and size > 1:
         if mode != "1d":
@@ -195,6 +204,34 @@ def _batch(a: _Apply) -> None:
     epochs = a.number("NUM_EPOCHS", int)
     if epochs is not None:
         a.values.update(epochs=epochs, lr_schedule="linear", lr_warmup=min(1.0, 5 / max(epochs, 1)))
+    pipeline = a.number("parallel.pipeline", int, 1)
+    if pipeline and pipeline > 1:
+        _pipeline(a, pipeline)
+
+
+def _pipeline(a: _Apply, stages: int) -> None:
+    """parallel.pipeline: the blocks split as Colossal-AI's uniform partition splits them (the later
+    stages take the remainder), and BATCH_SIZE cut into NUM_MICRO_BATCHES micro-batches."""
+    depth = a.number("model.depth", int) or a.number("model.num_layers", int)
+    kind = a.get("model.type")
+    name = kind.leaf if isinstance(kind, Symbol) else kind
+    depth = depth or (DEPTHS[MODELS[name]["model"]] if name in MODELS else None)
+    if depth is None:
+        raise a.refuse("parallel.pipeline", stages, "the blocks of this model are not known here: give "
+                                                    "--layers-per-ipu N1 N2 ... on the command line")
+    chunks = a.number("model.num_chunks", int, 1)
+    if chunks != 1:
+        raise a.refuse("model.num_chunks", chunks, "the interleaved schedule is not here; write num_chunks=1 "
+                                                   "(1F1B over one chunk per stage)")
+    left = stages - depth % stages
+    a.values.update(layers_per_ipu=[depth // stages + (p >= left) for p in range(stages)], ipus_per_replica=stages)
+    micro = a.number("NUM_MICRO_BATCHES", int)
+    if micro:
+        batch = a.values.get("batch_size", 1)
+        if batch % micro:
+            raise a.refuse("NUM_MICRO_BATCHES", micro, f"must divide BATCH_SIZE {batch}")
+        a.values["batch_size"] = batch // micro
+        a.values["gradient_accumulation"] = a.values.get("gradient_accumulation", 1) * micro
 
 
 def _offload_device(a: _Apply, key: str) -> str | None:
@@ -291,7 +328,7 @@ def _model(a: _Apply) -> None:
     kind = a.get("model.type")
     name = kind.leaf if isinstance(kind, Symbol) else kind
     if name in MODELS:
-        a.values["model"] = MODELS[name]
+        a.values.update({field: value for field, value in MODELS[name].items() if field not in a.values})
     elif kind is not None and not {"hidden_size", "num_layers", "num_attention_heads"} <= set(a.values):
         raise a.refuse("model.type", kind, f"the sizes here are {', '.join(MODELS)}; for another shape give dim, "
                                            "depth and num_heads in the model dict")

@@ -137,6 +137,62 @@ def test_pipeline_1d_config_maps_precision_tensor_parallel_and_names_the_rest(tm
                    "TENSOR_PARALLEL, model.num_chunks, loss_fn.type"]
 
 
+ZERO3_PP1D = """\
+from colossalai.nn.optimizer import HybridAdam
+from colossalai.zero.shard_utils import (BucketTensorShardStrategy,
+                                         TensorShardStrategy)
+from model import GPT2_small_pipeline_hybrid
+
+BATCH_SIZE = 8
+NUM_EPOCHS = 60
+SEQ_LEN = 1024
+NUM_MICRO_BATCHES = 4
+HIDDEN_SIZE = 768
+TENSOR_SHAPE = (BATCH_SIZE // NUM_MICRO_BATCHES, SEQ_LEN, HIDDEN_SIZE)
+zero = dict(
+    model_config=dict(
+        tensor_placement_policy='cpu',
+        shard_strategy=BucketTensorShardStrategy()
+    ),
+    optimizer_config=dict()
+)
+
+
+optimizer = dict(
+    type=HybridAdam,
+    lr=0.00015,
+    weight_decay=1e-2,
+)
+
+model = dict(
+    type=GPT2_small_pipeline_hybrid,
+    checkpoint=True,
+    num_chunks=1
+)
+
+parallel = dict(
+    pipeline=2,
+    tensor=dict(size=2, mode='1d'),
+)
+"""
+"""ColossalAI-Examples' language/gpt/gpt2_configs/gpt2_zero3_pp1d.py."""
+
+
+def test_pipeline_config_splits_the_blocks_and_the_batch(tmp_path, capsys):
+    cfg = parse_args(["--config", write(tmp_path, ZERO3_PP1D, "gpt2_zero3_pp1d.py"), "--dataset", "generated"])
+    assert (cfg.parallel.layers_per_ipu, cfg.parallel.ipus_per_replica, cfg.parallel.tensor_model_parallel_size) == \
+        ([6, 6], 2, 2)
+    assert (cfg.parallel.batch_size, cfg.parallel.gradient_accumulation) == (2, 4)  # 4 micro-batches of 2
+    assert (cfg.arch.model, cfg.parallel.zero_stage, cfg.memory.offload) == ("gpt2", 3, "full")
+    assert capsys.readouterr().err.strip().endswith("no meaning here, ignored: HIDDEN_SIZE, TENSOR_SHAPE")
+    # Colossal-AI's uniform partition: the later stages take the remainder; the example's exlarge model
+    exlarge = "from model import GPT2_exlarge_pipeline_1D\nparallel = dict(pipeline=5)\n" \
+              "model = dict(type=GPT2_exlarge_pipeline_1D)\n"
+    values = colossal_values(write(tmp_path, exlarge, "exlarge.py"))
+    assert values["layers_per_ipu"] == [9, 9, 10, 10, 10] and values["model"] == "gpt2-xl"
+    assert values["num_attention_heads"] == 32
+
+
 def test_older_zero_config_is_deepspeeds_zero_under_colossal_names(tmp_path):
     text = "BATCH_SIZE = 1\nzero = dict(level=2, dynamic_loss_scale=True, overlap_comm=True, clip_grad=1.0, " \
            "cpu_offload=True)\n"
@@ -156,7 +212,11 @@ def test_older_zero_config_is_deepspeeds_zero_under_colossal_names(tmp_path):
     ("SEQ_LEN = 2 ** 100000\n", 1, "`2 ** 100000` is too large a power"),
     ("zero = dict(level=3, offload_param_config=dict(device='nvme'))\n", None,
      "zero.offload_param_config.device 'nvme': only cpu offload"),
-    ("parallel = dict(pipeline=2)\n", None, "parallel.pipeline 2: the stage split is data here"),
+    ("parallel = dict(pipeline=2)\n", None, "parallel.pipeline 2: the blocks of this model are not known here"),
+    ("from titans.model.gpt import gpt2_small\nparallel = dict(pipeline=2)\nmodel = dict(type=gpt2_small, "
+     "num_chunks=2)\n", None, "model.num_chunks 2: the interleaved schedule is not here"),
+    ("BATCH_SIZE = 6\nNUM_MICRO_BATCHES = 4\nparallel = dict(pipeline=2)\nmodel = dict(depth=4, dim=32, num_heads=2)\n",
+     None, "NUM_MICRO_BATCHES 4: must divide BATCH_SIZE 6"),
     ("parallel = dict(tensor=dict(size=4, mode='2d'))\n", None, "parallel.tensor.mode '2d': only 1d"),
     ("from torch.optim import SGD\noptimizer = dict(type=SGD, lr=0.1)\n", None, "optimizer.type 'SGD'"),
     ("from titans.model.gpt import gpt2_8B\nmodel = dict(type=gpt2_8B)\n", None, "model.type 'gpt2_8B'"),
