@@ -6,8 +6,9 @@ The seed's names are local here: the runs start in a folder that holds `wikitext
 dataset's layout: README configs and parquet files, so `--dataset_config_name wikitext-2-raw-v1` picks
 it) and `EleutherAI/gpt-neo-125m/` (a 32-wide GPT-Neo written by transformers' save_pretrained), so
 `--dataset_name wikitext --model_name_or_path EleutherAI/gpt-neo-125m` name them as written. Sizes
-shrink by flags after the seed's (`--max_train_steps 2`). Not run: the PBS job's `module load`,
-`mpiexec` and `qsub` (a cluster's), `pip install`.
+shrink by flags after the seed's (`--max_train_steps 2`). Not run here: the PBS job script itself (its
+node file, `mpiexec` and rendezvous run on namespaced nodes in tests/cluster/test_launch_styles.py),
+`module load`, `qsub` and `pip install`.
 """
 
 from __future__ import annotations

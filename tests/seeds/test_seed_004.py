@@ -4,9 +4,10 @@ lines runs here as written, or gives the one line that names its replacement.
 A table row is the README's line; sizes shrink by flags appended after it (the last value of a flag
 wins): a 32-wide model of the line's depth, 32 tokens, gradient accumulation 1 (times the replicas
 one process stands in for), one step, --device cpu.
-Paths are temporary files. Not run: `pip install`, `make` (tests/ops build the custom ops),
-`python3 -m pytest`, and `./data/wikipedia_download.sh` / `wikipedia_extract.sh` (the network and a
-20 GB dump; their data comes in here as an extracted AA/wiki_00 file).
+Paths are temporary files. Not run here: `pip install`, `make` (tests/ops build the custom ops),
+`python3 -m pytest`, `./data/wikipedia_download.sh` (the network; its data comes in as an extracted
+AA/wiki_00 file), `./data/wikipedia_extract.sh` (run on a tiny dump in tests/preprocess/test_preprocess.py)
+and `bash tasks/run_text_generator.sh` (tests/evaluation/test_evaluation.py).
 """
 
 from __future__ import annotations
