@@ -141,21 +141,31 @@ def _describe(ranks: list[int]) -> str:
 
 def _ranks_not_checking_in(wait_s: float) -> list[int] | None:
     """The ranks that do not write their key at the job's store within `wait_s` seconds of this
-    one; None when this rank cannot reach the store."""
+    one; None when this rank cannot reach the store. The store's client can block past its own
+    timeout on a link that drops everything, so the check-in runs in a thread given `wait_s` + 2 s."""
     rank, world = dist.get_rank(), dist.get_world_size()
     key = f"gpt2forge/failed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(datetime.timedelta(seconds=max(wait_s, 1.0)))
-        store.set(f"{key}{rank}", "1")
-        deadline = time.monotonic() + wait_s
-        while True:
-            missing = [r for r in range(world) if not store.check([f"{key}{r}"])]
-            if not missing or time.monotonic() > deadline:
-                return missing
-            time.sleep(0.25)
-    except (RuntimeError, ValueError):  # DistStoreError: the store's host or our link is gone
-        return None
+    found: list[list[int]] = []
+
+    def check_in() -> None:
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            store.set_timeout(datetime.timedelta(seconds=max(wait_s, 1.0)))
+            store.set(f"{key}{rank}", "1")
+            deadline = time.monotonic() + wait_s
+            while True:
+                missing = [r for r in range(world) if not store.check([f"{key}{r}"])]
+                if not missing or time.monotonic() > deadline:
+                    found.append(missing)
+                    return
+                time.sleep(0.25)
+        except (RuntimeError, ValueError):  # DistStoreError: the store's host or our link is gone
+            return
+
+    thread = threading.Thread(target=check_in, name="gpt2forge-check-in", daemon=True)
+    thread.start()
+    thread.join(wait_s + 2.0)
+    return found[0] if found else None
 
 
 def _gloo_group(timeout: datetime.timedelta):

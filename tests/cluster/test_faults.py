@@ -169,15 +169,16 @@ def test_a_cut_link_is_named_with_the_timeout_on_both_sides_instead_of_a_hang(cl
         for p in procs:
             p.kill()
     assert code0 not in (0, None), out0[-3000:]
-    assert 12 <= ended_s < 12 + 5 + 15, ended_s  # the timeout, the check-in at the store, torchrun's exit
+    assert 12 <= ended_s < 12 + 5 + 10, ended_s  # the timeout, the check-in at the store, torchrun's exit
     [error0] = [line for line in out0.splitlines() if line.startswith("error: ")]
-    assert re.fullmatch(r"error: (rank \d: )?on node0 during step \d+ \(update \d+\): a collective timed out after "
-                        r"12 s \(GPT2FORGE_DIST_TIMEOUT_MIN\); not answering: node1 \(10\.77\.0\.2: rank \d\); .*",
-                        error0), error0
+    assert re.fullmatch(r"error: (rank \d: )?on node0 during step \d+ \(update \d+\): a collective failed; not "
+                        r"answering: node1 \(10\.77\.0\.2: rank \d\): .* \(Timed out waiting 12000ms for \w+ operation "
+                        r"to complete; collective timeout 12 s, GPT2FORGE_DIST_TIMEOUT_MIN\)", error0), error0
     [error1] = [line for line in out1.splitlines() if line.startswith("error: ")]
-    assert re.fullmatch(r"error: (rank \d: )?on node1 during step \d+ \(update \d+\): no data from the other ranks "
-                        r"within the collective timeout of 12 s \(GPT2FORGE_DIST_TIMEOUT_MIN\), and the job's store at "
-                        r"10\.77\.0\.1:29400 does not answer either: .*", error1), error1
+    assert re.fullmatch(r"error: (rank \d: )?on node1 during step \d+ \(update \d+\): a collective failed and the "
+                        r"job's store at node0:\d+ does not answer either: this node lost its network, .* \(Timed out "
+                        r"waiting 12000ms for \w+ operation to complete; collective timeout 12 s, "
+                        r"GPT2FORGE_DIST_TIMEOUT_MIN\)", error1), error1
 
 
 @chaos

@@ -7,6 +7,7 @@ import datetime
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch.distributed as dist
@@ -57,6 +58,20 @@ def test_a_timeout_names_the_ranks_that_do_not_check_in(world_of_one, monkeypatc
         f"on node0: a collective failed and the job's store at {os.environ.get('MASTER_ADDR', '?')}:"
         f"{os.environ.get('MASTER_PORT', '?')} does not answer either: this node lost its network, or the node of "
         f"rank 0 went away ({said})")
+
+
+def test_a_store_that_does_not_answer_counts_as_out_of_reach_within_the_wait(world_of_one, monkeypatch):
+    class Unanswered:  # a TCPStore client behind a link that drops everything blocks past its timeout
+        def set_timeout(self, timeout):
+            pass
+
+        def set(self, key, value):
+            time.sleep(30)
+
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: Unanswered())
+    t0 = time.monotonic()
+    assert health._ranks_not_checking_in(0.5) is None
+    assert time.monotonic() - t0 < 5
 
 
 def test_other_errors_are_not_collective_failures(world_of_one):
