@@ -228,7 +228,8 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_as_latest(cluste
     assert latest == out_dir / "step_2"
     ck.load_weights(GPT2LMHeadModel(ck.load_model_config(latest)), latest)
     # The resubmitted job continues from step_2; the dead save's temporary folder is removed.
-    results = finish(start_on_nodes(c, [*torchrun_c10d(c), *job[len(torchrun_c10d(c)) + 1:]]))
+    launcher = torchrun_c10d(c)
+    results = finish(start_on_nodes(c, [*launcher, "train_gpt2.py", *job[len(launcher) + 1:]]))
     text = "\n".join(out for _, out in results)
     assert [code for code, _ in results] == [0, 0], text[-4000:]
     assert f"auto-resume: continuing from {out_dir / 'step_2'}" in text
