@@ -131,6 +131,7 @@ def test_preemption_of_every_node_saves_once_exits_0_and_the_resubmitted_job_res
         for p in procs:
             p.kill()
     text = "\n".join(out for _, out in results)
+    assert None not in [code for code, _ in results]  # torchrun's agents end too (1: they were signalled)
     stopped = re.findall(rf"stopped by SIGTERM after step (\d+); saved checkpoint {re.escape(str(out_dir))}/step_(\d+)",
                          text)
     assert len(stopped) == 1 and stopped[0][0] == stopped[0][1], text[-4000:]
@@ -221,6 +222,10 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_as_latest(cluste
         for p in procs:
             p.kill()
     assert None not in [code for code, _ in results]  # the other node's job ended too
+    [survivor] = [out for node, (_, out) in zip(c.nodes, results) if node is not writer]
+    assert re.search(rf"^error: (rank \d: )?on node\d during .*: (lost the connection to|a collective failed; not "
+                     rf"answering:) {writer.name} \({re.escape(writer.address)}: rank 0\)", survivor, re.M), \
+        survivor[-3000:]
     half_written = Path(marker.read_text())
     assert half_written.is_dir() and (half_written / "model.safetensors").is_file()  # it was killed mid-save
     assert (out_dir / "latest").read_text().strip() == "step_2" and not (out_dir / "step_4").exists()
