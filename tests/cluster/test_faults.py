@@ -111,6 +111,40 @@ def test_a_restarted_job_continues_from_its_checkpoint_with_an_uninterrupted_run
 
 
 @chaos
+def test_a_node_that_never_returns_leaves_the_job_going_on_one_node_with_the_same_losses(cluster, tiny_config,
+                                                                                         tmp_path):
+    """Elastic torchrun (--nnodes 1:2): node1 dies for good; node0's agent restarts its worker in a
+    rendezvous of one node, which continues from the layout-free checkpoint with the 2 replicas as
+    gradient accumulation. The data order is the step's, whatever the world: every step's loss
+    equals one uninterrupted process's (a sample seen twice or skipped would change the batch of
+    every later step)."""
+    c = cluster(2)
+    argv = set_flag(args(tiny_config), "--training-steps", "12")
+    single = single_process(argv, tmp_path / "single.jsonl")
+    out_dir, metrics = tmp_path / "ckpt", tmp_path / "job.jsonl"
+    elastic = ["torchrun", "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", f"{c.nodes[0].address}:29400", "--rdzv-id", "job", "--rdzv-conf",
+               "last_call_timeout=3"]
+    job = [*elastic, *argv, "--checkpoint-output-dir", str(out_dir), "--save-per-steps", "4", "--auto-resume",
+           "true", "--log-steps", "1", "--metrics-file", str(metrics)]
+    c.throttle(c.nodes[1], 2000)  # ~0.3 s a step: node1 dies between step 4's checkpoint and the end
+    procs = start_on_nodes(c, job, env={"GPT2FORGE_DIST_TIMEOUT_MIN": TIMEOUT_MIN})
+    try:
+        wait_for(lambda: ck.latest_checkpoint(out_dir) is not None, 120, "the first checkpoint")
+        lost_after = _steps_logged(metrics)
+        assert worker_pids(c, c.nodes[1])  # node1 has a rank of the job
+        c.signal_node(c.nodes[1], signal.SIGKILL)  # agent and worker: the node is gone
+        [(code, text)] = finish(procs[:1])
+    finally:
+        for p in procs:
+            p.kill()
+    assert code == 0, text[-4000:]
+    assert lost_after < 12 and f"auto-resume: continuing from {out_dir}" in text, text[-4000:]
+    assert "Distributed:" not in text.split("auto-resume: continuing from")[1]  # one process alone now
+    assert losses(metrics) == pytest.approx(single, rel=REL)
+
+
+@chaos
 def test_preemption_of_every_node_saves_once_exits_0_and_the_resubmitted_job_resumes_exactly(cluster, tiny_config,
                                                                                               tmp_path):
     c = cluster(2)
