@@ -20,6 +20,7 @@ Losses are compared with rel=1e-6 (test_launch_styles.py says why).
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -274,3 +275,32 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_as_latest(cluste
     assert f"auto-resume: continuing from {out_dir / 'step_2'}" in text
     assert not half_written.exists() and (out_dir / "latest").read_text().strip() == "step_6"
     assert losses(metrics) == pytest.approx(single, rel=REL)
+
+
+@chaos
+def test_a_full_shared_disk_stops_the_job_with_one_line_per_rank_and_the_previous_checkpoint_intact(
+        cluster, tiny_config, tmp_path):
+    """The nodes' checkpoint folder is a 1800 KiB tmpfs (a shared file system that fills up): a save
+    asks for 1.53 MB free (400 KB of tensors and files plus a 1 MiB margin for headers), so step_2 is
+    written and step_4 finds too little. The save is refused before it writes, every rank stops with
+    one line (rank 0's names the bytes needed and free and the last complete checkpoint; exit code 2,
+    torchrun's agents 1), and step_2 stays `latest`, whole."""
+    c = cluster(2)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1800k", "tmpfs", str(shared)], check=True, timeout=30)
+    try:
+        out_dir = shared / "ckpt"
+        argv = set_flag(args(tiny_config), "--training-steps", "6")
+        results = finish(start_on_nodes(c, [*torchrun_c10d(c), *argv, "--checkpoint-output-dir", str(out_dir),
+                                            "--save-per-steps", "2", "--metrics-file", str(tmp_path / "job.jsonl")]))
+        errors = [line for _, out in results for line in out.splitlines() if line.startswith("error: ")]
+        assert [code for code, _ in results] == [1, 1] and len(errors) == 2, "\n".join(o[-3000:] for _, o in results)
+        [rank0] = [e for e in errors if not e.startswith("error: rank ")]
+        assert f"{out_dir / 'step_4'}" in rank0 and "not enough free space" in rank0 and "step_2" in rank0, rank0
+        assert "error: rank 1: rank 0 could not save the checkpoint; its error says why" in errors
+        assert (out_dir / "latest").read_text().strip() == "step_2"
+        assert sorted(p.name for p in out_dir.iterdir() if p.name.startswith(("step_", "."))) == ["step_2"]
+        ck.load_weights(GPT2LMHeadModel(ck.load_model_config(out_dir / "step_2")), out_dir / "step_2")
+    finally:
+        subprocess.run(["umount", str(shared)], timeout=30)
