@@ -158,3 +158,19 @@ def test_reused_nanogpt_runs_must_share_the_peer_settings(bench, tmp_path):
     assert "no nanoGPT run of seed(s) 1" in bench.reused_nanogpt_runs(args, [0, 1])
     earlier.write_text("{}")
     assert "not a --json of this benchmark" in bench.reused_nanogpt_runs(args, [0])
+
+
+@pytest.mark.slow
+@needs_nanogpt
+def test_lockstep_trains_both_from_the_same_weights_on_the_same_batches(tmp_path, corpus):
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/nanogpt_lockstep.py", "--nanogpt", str(NANOGPT), "--steps", "3", "--warmup", "0",
+         "--seeds", "0", "--val-num", "8", "--corpus", str(corpus), "--json", str(tmp_path / "r.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = json.loads((tmp_path / "r.json").read_text())["runs"]
+    first_nano, first_ours = run["train_loss_curve"][0]
+    # Same weights, same batch: the first losses differ only by nanoGPT's 47 padding classes
+    # (ln(50304 / 50257) = 0.0009) and GELU's form.
+    assert abs(first_nano - first_ours) < 0.005, run["train_loss_curve"]
+    assert abs(run["ours"] - run["nanogpt"]) < 0.05 and "mean ours - nanoGPT" in proc.stdout
