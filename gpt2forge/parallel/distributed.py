@@ -109,7 +109,11 @@ def _store_of_this_attempt() -> dist.Store | None:
     torch's env:// store is right. Under c10d rendezvous torchrun's workers share its rendezvous
     store (TORCHELASTIC_USE_AGENT_STORE), and torch reuses their keys across restarts: workers
     restarted by --max-restarts read the previous attempt's gloo/NCCL addresses and fail with
-    "Connection refused" (pytorch/pytorch#135712)."""
+    "Connection refused" (pytorch/pytorch#135712). The attempt is TORCHELASTIC_RESTART_COUNT, which
+    agrees across nodes when every node's torchrun saw its workers fail (the survivors of a lost
+    process fail at once, on its closed connection); a node whose torchrun restarted for a membership
+    change alone counts one fewer, and its ranks then fail after the collective timeout.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (run/launch.sh with MAX_RESTARTS) avoids the shared store."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,

@@ -46,9 +46,6 @@ RANK0_TIMEOUT = datetime.timedelta(hours=float(os.environ.get("GPT2FORGE_RANK0_T
 _rank0_group = None
 _nodes: list[tuple[str, str]] = []  # rank -> (host name, address), gathered by the preflight
 CHECK_IN_S = 5.0  # how long the ranks left after a collective timeout wait for each other at the store
-LOST_PEER_EXIT_DELAY_S = 2.0
-"""How long a rank whose peer's connection closed waits before it ends: torchrun's summary names as
-"Root Cause" the failure it saw first (to the second), and it should be the lost rank's, not this one's."""
 
 
 def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIMEOUT) -> None:
@@ -115,9 +112,8 @@ def collective_failure(exc: BaseException, timeout: datetime.timedelta, doing: s
     said = said.split(". ")[0][:200]  # gloo: "[file.cc:553] Connection closed by peer [10.77.0.2]:63662. This is..."
     limit = f"collective timeout {timeout.total_seconds():g} s, GPT2FORGE_DIST_TIMEOUT_MIN"
     if _CLOSED.search(text) and (peer := _PEER.search(text)):
-        lost = [r for r, (_, address) in enumerate(_nodes) if address == peer[1]]
+        lost = [r for r, (_, address) in enumerate(_nodes) if address == peer[1] and r != dist.get_rank()]
         who = _describe(lost) if lost else peer[1]
-        time.sleep(LOST_PEER_EXIT_DELAY_S)
         return (f"{here}: lost the connection to {who}: a process there exited or was killed (its own log or "
                 f"torchrun's summary says why) ({said}; {limit})")
     missing = _ranks_not_checking_in(min(CHECK_IN_S, timeout.total_seconds()))

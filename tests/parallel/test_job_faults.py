@@ -28,7 +28,6 @@ def world_of_one(monkeypatch):
 @pytest.mark.parametrize("said", ["Connection closed by peer [10.77.0.2]:63662",
                                   "Read error [10.77.0.2]:41603: Connection reset by peer"])
 def test_a_closed_connection_names_the_node_and_its_ranks(world_of_one, monkeypatch, said):
-    monkeypatch.setattr(health, "LOST_PEER_EXIT_DELAY_S", 0.0)
     monkeypatch.setattr(health, "_nodes", [("node0", "10.77.0.1"), ("node1", "10.77.0.2"), ("node0", "10.77.0.1"),
                                            ("node1", "10.77.0.2")])
     gloo = RuntimeError(f"[../third_party/gloo/gloo/transport/tcp/pair.cc:553] {said}. This is typically caused by "
