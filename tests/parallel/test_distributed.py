@@ -168,7 +168,8 @@ def test_a_rank_that_dies_ends_the_job_promptly_naming_it(tiny_config):
     # torchrun's summary lists rank 1's SIGKILL (as root cause, or among the failures when rank 0's own
     # exit fell in the same second), and rank 0's one line names rank 1 as the one lost.
     summary = err.split("FAILED", 1)[1]
-    assert re.search(r"rank      : 1 \(local_rank: 1\)\n  exitcode  : -9 .*\(SIGKILL\)", summary), summary
+    # torch 2.13 names the signal on the exitcode line, 2.11 on the traceback line below it.
+    assert re.search(r"rank      : 1 \(local_rank: 1\)\n  exitcode  : -9 ", summary) and "SIGKILL" in summary, summary
     assert re.search(r"^error: on \S+ during step \d+ .*: lost the connection to \S+ \([^:]+: rank 1\)", err, re.M)
 
 
