@@ -19,43 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from colossal_examples import ZERO3  # tests/colossal_examples.py
 
 from gpt2forge.cli import train_main
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"^step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+, throughput: \S+ samples/sec", re.M)
 
-ZERO3 = """\
-from colossalai.nn.optimizer import HybridAdam
-from colossalai.zero.shard_utils import TensorShardStrategy
-from titans.model.gpt import gpt2_small
-
-BATCH_SIZE = 2
-NUM_EPOCHS = 60
-SEQ_LEN = 1024
-
-
-zero = dict(
-    model_config=dict(
-        tensor_placement_policy='cpu',
-        shard_strategy=TensorShardStrategy(),
-        reuse_fp16_shard=True
-    ),
-    optimizer_config=dict()
-)
-
-
-optimizer = dict(
-    type=HybridAdam,
-    lr=0.00015,
-    weight_decay=1e-2,
-)
-
-model = dict(
-    type=gpt2_small,
-    checkpoint=True,
-)
-"""
 """gpt2_configs/gpt2_zero3.py as ColossalAI-Examples ships it (the seed's snippet is tested in
 tests/train/test_colossal_config.py)."""
 

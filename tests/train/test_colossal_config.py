@@ -5,6 +5,7 @@ line naming file:line."""
 from pathlib import Path
 
 import pytest
+from colossal_examples import ZERO3  # tests/colossal_examples.py
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.train.args import parse_args
@@ -13,37 +14,6 @@ from gpt2forge.train.front_end import cell
 
 ROOT = Path(__file__).resolve().parents[2]
 
-ZERO3 = """\
-from colossalai.nn.optimizer import HybridAdam
-from colossalai.zero.shard_utils import TensorShardStrategy
-from titans.model.gpt import gpt2_small
-
-BATCH_SIZE = 2
-NUM_EPOCHS = 60
-SEQ_LEN = 1024
-
-
-zero = dict(
-    model_config=dict(
-        tensor_placement_policy='cpu',
-        shard_strategy=TensorShardStrategy(),
-        reuse_fp16_shard=True
-    ),
-    optimizer_config=dict()
-)
-
-
-optimizer = dict(
-    type=HybridAdam,
-    lr=0.00015,
-    weight_decay=1e-2,
-)
-
-model = dict(
-    type=gpt2_small,
-    checkpoint=True,
-)
-"""
 """ColossalAI-Examples' language/gpt/gpt2_configs/gpt2_zero3.py, as seed 003 runs it."""
 
 SEED_SNIPPET = """\
