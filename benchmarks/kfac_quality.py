@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpt2forge.evaluation.fetch import default_file  # noqa: E402
-from gpt2forge.train.clm_args import translate  # noqa: E402
-from gpt2forge.train.front_end import equivalent_command  # noqa: E402
+from gpt2forge.frontends.flag_table import equivalent_command  # noqa: E402
+from gpt2forge.frontends.run_clm import translate  # noqa: E402
 
 ARMS = {"AdamW": None, "K-FAC 5/50": (5, 50), "K-FAC 1/10": (1, 10)}
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from gpt2forge.core.errors import RunError, UsageError, cli_main
 
 if TYPE_CHECKING:  # the annotation only: a console script imports only its own command
-    from gpt2forge.train.front_end import FrontEnd
+    from gpt2forge.frontends.flag_table import FrontEnd
 
 
 @cli_main
 def train_main(argv: Sequence[str] | None = None) -> int:
     """`train_gpt2.py` / `gpt2forge-train`."""
-    from gpt2forge.train.args import parse_args  # lazy: a console script imports only its own command
+    from gpt2forge.frontends.graphcore import parse_args  # lazy: a console script imports only its own command
     from gpt2forge.train.trainer import run_training  # lazy: a console script imports only its own command
 
     return run_training(parse_args(argv))
@@ -26,28 +26,28 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 @cli_main
 def megatron_main(argv: Sequence[str] | None = None) -> int:
     """`pretrain_gpt.py` / `pretrain_gpt2.py` / `gpt2forge-pretrain-gpt`: Megatron-LM's flags, the same trainer."""
-    from gpt2forge.train import megatron_args  # lazy: a console script imports only its own command
+    from gpt2forge.frontends import megatron  # lazy: a console script imports only its own command
 
-    return _foreign_main(argv, megatron_args.translate, megatron_args.FRONT_END)
+    return _foreign_main(argv, megatron.translate, megatron.FRONT_END)
 
 
 @cli_main
 def clm_main(argv: Sequence[str] | None = None) -> int:
     """`train_clm.py` / `gpt2forge-train-clm`: Hugging Face run_clm_no_trainer.py's flags, the same trainer."""
-    from gpt2forge.train import clm_args  # lazy: a console script imports only its own command
+    from gpt2forge.frontends import run_clm  # lazy: a console script imports only its own command
 
-    return _foreign_main(argv, clm_args.translate, clm_args.FRONT_END)
+    return _foreign_main(argv, run_clm.translate, run_clm.FRONT_END)
 
 
 def _foreign_main(argv: Sequence[str] | None, translate: Callable[[Sequence[str]], dict],
                   front_end: FrontEnd) -> int:
     """Another tool's flags -> TrainConfig -> the one trainer (or, with --print-equivalent, its
     train_gpt2.py command line). Its errors name the tool's flags, not train_gpt2.py's
-    (`front_end.in_own_words`)."""
+    (`flag_table.in_own_words`)."""
     import shlex  # lazy, as the imports below
 
+    from gpt2forge.frontends.flag_table import equivalent_command, in_own_words, wants_equivalent  # lazy: as above
     from gpt2forge.train.config import TrainConfig  # lazy: a console script imports only its own command
-    from gpt2forge.train.front_end import equivalent_command, in_own_words, wants_equivalent  # lazy: as above
     from gpt2forge.train.trainer import run_training  # lazy: a console script imports only its own command
 
     argv = sys.argv[1:] if argv is None else list(argv)

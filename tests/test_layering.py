@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "gpt2forge"
 # Lowest first: a module may import its own layer and those to its left (gpt2forge/__init__.py is
 # the bottom, gpt2forge/cli.py the top).
 LAYERS = ["", "core", "ops", "text", "model", "data", "preprocess", "parallel", "generate", "evaluation", "train",
-          "tools", "benchmark", "cli"]
+          "frontends", "tools", "benchmark", "cli"]
 MODULES = {".".join(("gpt2forge", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__"): p
            for p in sorted(PKG.rglob("*.py"))}
 
@@ -61,3 +61,14 @@ def test_no_import_cycles():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
         pytest.fail("import cycle: " + " -> ".join(reversed(exc.args[1])))
+
+
+LOOP_CONFIG = "gpt2forge.train.config"
+"""The one module of gpt2forge.train a front end may import: the TrainConfig it builds."""
+
+
+def test_the_loop_knows_no_front_end_and_no_front_end_knows_the_loop():
+    check([f"{m}:{line} imports {target}" for m, edges in EDGES.items() for line, target, _, _ in edges
+           if (m.startswith("gpt2forge.train") and target.startswith("gpt2forge.frontends"))
+           or (m.startswith("gpt2forge.frontends") and target.startswith("gpt2forge.train")
+               and target != LOOP_CONFIG)])

@@ -3,7 +3,7 @@
 Booleans take the reference's syntax: `--flag` alone means True, `--flag True|False|yes|no|1|0`.
 A config section is a dataclass whose fields are made with `opt(default, help, *aliases)`: the
 parser, the `--config FILE` reader and the `--help` text are generated from them
-(gpt2forge.train.args).
+(gpt2forge.frontends.graphcore).
 """
 
 from __future__ import annotations

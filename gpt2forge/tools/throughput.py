@@ -29,7 +29,7 @@ from gpt2forge.core.runtime import (
     synchronize,
 )
 from gpt2forge.data import DataRequest, collate, load_datasets
-from gpt2forge.train.args import parse_args
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.train.model_setup import build_model
 
 

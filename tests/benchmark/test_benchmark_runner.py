@@ -18,7 +18,7 @@ from gpt2forge.benchmark.cli import main as bench_main
 from gpt2forge.benchmark.extract import MetricError, derive, extract, matches
 from gpt2forge.benchmark.spec import Metric, build_variants, expand_parameters, load_spec, select, variant_name
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.args import parse_args
+from gpt2forge.frontends.graphcore import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "benchmarks.yml"

@@ -23,8 +23,8 @@ transformers = pytest.importorskip("transformers", reason="the oracle is transfo
 from gpt2forge.core.errors import UsageError  # noqa: E402
 from gpt2forge.core.labels import IGNORE_INDEX  # noqa: E402
 from gpt2forge.data import DataRequest, collate, load_datasets, split_batch  # noqa: E402
+from gpt2forge.frontends.graphcore import parse_args  # noqa: E402
 from gpt2forge.text.vocab import asset_dir  # noqa: E402
-from gpt2forge.train.args import parse_args  # noqa: E402
 from gpt2forge.train.trainer import data_request  # noqa: E402
 
 VOCAB = 50257

@@ -50,9 +50,9 @@ TINY = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 64, "n_embd": 
 
 def parser(front_end: str) -> argparse.ArgumentParser:
     if front_end == "megatron":
-        from gpt2forge.train.megatron_args import build_parser
+        from gpt2forge.frontends.megatron import build_parser
     else:
-        from gpt2forge.train.args import build_parser
+        from gpt2forge.frontends.graphcore import build_parser
     return build_parser()
 
 
@@ -102,7 +102,8 @@ def time_limit(seconds: int):
 def preflight(argv: list[str], front_end: str = "train") -> int:
     """What the trainer checks before allocating, with its CLI's error handling: the exit code."""
     from gpt2forge.core.errors import cli_main
-    from gpt2forge.train import args, megatron_args
+    from gpt2forge.frontends import graphcore as args
+    from gpt2forge.frontends import megatron as megatron_args
     from gpt2forge.train.model_setup import check_step_fits_host, check_weights_fit_host, resolve_model_config
 
     @cli_main

@@ -201,7 +201,7 @@ def make_run_config(folder: Path) -> list[Path]:
 
 
 def read_run_config(files: list[Path]) -> None:
-    from gpt2forge.train.args import parse_args
+    from gpt2forge.frontends.graphcore import parse_args
 
     parse_args(["--config", str(files[0])])
 

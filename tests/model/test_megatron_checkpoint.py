@@ -269,7 +269,7 @@ def test_export_copies_megatron_tokenizer_files(tmp_path):
 
 
 def test_fine_tuning_starts_from_megatron_weights(tmp_path):
-    from gpt2forge.train.args import parse_args
+    from gpt2forge.frontends.graphcore import parse_args
     from gpt2forge.train.model_setup import build_model
 
     model = known_model(tiny())

@@ -17,9 +17,9 @@ import pytest
 from torch.distributed.run import get_args_parser
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.parallel.distributed import DistEnv, check_world
 from gpt2forge.parallel.topology import build_layout
-from gpt2forge.train.args import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"^(step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+),")

@@ -19,6 +19,7 @@ import gpt2forge.train.trainer as trainer
 from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.ops.lm_head_loss import LossChunking
@@ -31,7 +32,6 @@ from gpt2forge.parallel.distributed import (
     shard_model,
     shutdown,
 )
-from gpt2forge.train.args import parse_args
 
 STEP = re.compile(r"^(step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+),.* grad norm: (\S+)$")
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from gpt2forge.cli import train_main
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.parallel.memory_plan import block_activation_bytes, build_plan, stage_params
-from gpt2forge.train.args import parse_args
 
 SMALL = ModelConfig.preset("gpt2")
 ACT = 10 * 2**20  # a fixed per-block activation size for the accounting tests

@@ -98,7 +98,7 @@ def test_options_block_runs_and_resumes(seed_folder, monkeypatch, capsys):
 
 
 def test_kfac_lines_switch_kfac_on(seed_folder, monkeypatch):
-    from gpt2forge.train.clm_args import parse_args
+    from gpt2forge.frontends.run_clm import parse_args
 
     monkeypatch.chdir(seed_folder)
     cfg = parse_args([*shlex.split(OPTIONS + KFAC)], world_size=1)

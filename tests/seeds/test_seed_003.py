@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"^step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+, throughput: \S+ samples/sec", re.M)
 
 """gpt2_configs/gpt2_zero3.py as ColossalAI-Examples ships it (the seed's snippet is tested in
-tests/train/test_colossal_config.py)."""
+tests/frontends/test_colossal.py)."""
 
 TOPICS = ["rivers and the towns built along their banks", "the history of printing presses in Europe",
           "how bees find flowers and return to the hive", "the rules of chess and its famous openings"]

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.parallel.topology import build_layout
-from gpt2forge.train.args import parse_args
 from gpt2forge.train.model_setup import resolve_model_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.args import build_parser, parse_args
+from gpt2forge.frontends.graphcore import build_parser, parse_args
 from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig
 
 # The flat field names of the single TrainConfig before it was split into sections (issue 15): the

@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 
 from gpt2forge.cli import train_main
 from gpt2forge.data.indexed import IndexedWriter
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import Attention, Dropout, GPT2LMHeadModel
-from gpt2forge.train.args import parse_args
 from gpt2forge.train.model_setup import build_model
 from gpt2forge.train.schedule import ScheduleLength, build_lr_schedule, schedule_length
 

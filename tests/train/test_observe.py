@@ -13,11 +13,11 @@ import pytest
 
 from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.tools.machine_report import CPU_FLAGS, environment, format_report
 from gpt2forge.tools.plot import main as plot_main
 from gpt2forge.tools.plot import plot, read_metrics
 from gpt2forge.train import observe
-from gpt2forge.train.args import parse_args
 
 STEP_LINE = re.compile(r"^step \d+ of epoch \d+, loss: (\S+), acc: \S+, lr: (\S+), throughput: \S+ samples/sec, "
                        r"tokens/s: \S+, MFU: (\S+),")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.args import parse_args
+from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.train.optim import (
     OPTIMIZERS,
     SCHEDULES,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.megatron import FLAGS, build_parser, equivalent_command, parse_args, translate
 from gpt2forge.text.tokenizer import asset_dir
-from gpt2forge.train.megatron_args import FLAGS, build_parser, equivalent_command, parse_args, translate
 
 SEED_000_GPT_ARGS = """
     --num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
@@ -157,7 +157,7 @@ def test_help_groups_the_flags_as_megatron_does():
 
 
 def test_equivalent_command_parses_to_the_same_config(tmp_path):
-    from gpt2forge.train.args import parse_args as our_parse_args  # the other front end, compared here
+    from gpt2forge.frontends.graphcore import parse_args as our_parse_args  # the other front end, compared here
 
     values = translate(seed_000_argv(tmp_path), world_size=1)
     assert our_parse_args(equivalent_command(values)) == parse_args(seed_000_argv(tmp_path), world_size=1)
@@ -222,8 +222,8 @@ def test_errors_from_below_the_front_end_name_megatrons_flags(tmp_path, capsys):
     # Seed 001's `--train-data wikipedia` used to end in `--input-files wikipedia: no such file`, a flag
     # pretrain_gpt2.py does not take.
     from gpt2forge.cli import megatron_main
-    from gpt2forge.train.front_end import in_own_words
-    from gpt2forge.train.megatron_args import FRONT_END
+    from gpt2forge.frontends.flag_table import in_own_words
+    from gpt2forge.frontends.megatron import FRONT_END
 
     missing = str(tmp_path / "wikipedia")
     assert megatron_main([*TINY, "--train-data", missing]) == 2

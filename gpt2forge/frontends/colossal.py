@@ -4,7 +4,7 @@
 A Colossal-AI config is a Python module whose top-level assignments are the settings (`BATCH_SIZE = 2`,
 `zero = dict(model_config=dict(tensor_placement_policy='cpu', shard_strategy=TensorShardStrategy()), ...)`,
 `optimizer = dict(type=HybridAdam, lr=0.00015, weight_decay=1e-2)`). The file is read, never run
-(gpt2forge.train.python_config: literals, dict(...), imported names, arithmetic on numbers; anything else
+(gpt2forge.frontends.python_config: literals, dict(...), imported names, arithmetic on numbers; anything else
 is one line naming `file:line`).
 
 `KEYS` lists every setting read and what it becomes here (docs/training.md shows it). The other
@@ -20,7 +20,7 @@ from typing import Any
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.python_config import Symbol, read_config_file
+from gpt2forge.frontends.python_config import Symbol, read_config_file
 
 KEYS: dict[str, str] = {
     "BATCH_SIZE": "`--batch-size`",

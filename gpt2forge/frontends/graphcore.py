@@ -65,12 +65,12 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
 
 def load_config_file(path: str, data_given: bool = False) -> dict[str, Any]:
     """A JSON/YAML mapping of field or flag names to values, or a Colossal-AI .py config's values
-    (`data_given`: the command line names the data, see gpt2forge.train.colossal_config)."""
+    (`data_given`: the command line names the data, see gpt2forge.frontends.colossal)."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--config {path}: file not found")
     if p.suffix == ".py":
-        from gpt2forge.train.colossal_config import colossal_values  # lazy: read only for a .py config
+        from gpt2forge.frontends.colossal import colossal_values  # lazy: read only for a .py config
 
         return colossal_values(path, data_given)
     try:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_megatron_args import TINY, _corpus, _step_lines, seed_000_argv  # pytest puts tests/train on the path
+from test_megatron import TINY, _corpus, _step_lines, seed_000_argv  # pytest puts tests/frontends on the path
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.deepspeed_config import KEYS, resolve_batch
-from gpt2forge.train.front_end import cell
-from gpt2forge.train.megatron_args import (
+from gpt2forge.frontends.deepspeed import KEYS, resolve_batch
+from gpt2forge.frontends.flag_table import cell
+from gpt2forge.frontends.megatron import (
     FRONT_END,
     build_parser,
     equivalent_command,

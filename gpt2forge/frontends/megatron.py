@@ -8,7 +8,7 @@ omitted flag means what it means in Megatron (no warm-up, linear decay, weight d
 log every 100 iterations, ...). The global batch becomes gradient accumulation: global / (micro x
 data-parallel size), where the data-parallel size is the world size over the pipeline size.
 With `--deepspeed --deepspeed_config ds.json` the DeepSpeed config is applied on top
-(gpt2forge.train.deepspeed_config: ds.json wins for what DeepSpeed's engine owns, the flags for the rest).
+(gpt2forge.frontends.deepspeed: ds.json wins for what DeepSpeed's engine owns, the flags for the rest).
 `translate(argv)` returns the flat values; `equivalent_command(values)` prints the same run in
 `train_gpt2.py`'s own flags (`--print-equivalent`), which is what the tests compare against.
 """
@@ -23,10 +23,8 @@ from typing import Any
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
-from gpt2forge.text.tokenizer import is_gpt2_files
-from gpt2forge.train.config import TrainConfig
-from gpt2forge.train.deepspeed_config import apply_deepspeed_config
-from gpt2forge.train.front_end import (  # noqa: F401 -- equivalent_command, wants_equivalent: this front end's API
+from gpt2forge.frontends.deepspeed import apply_deepspeed_config
+from gpt2forge.frontends.flag_table import (  # noqa: F401 -- equivalent_command, wants_equivalent: this front end's API
     KFAC_FLAGS,
     Flag,
     FrontEnd,
@@ -36,6 +34,8 @@ from gpt2forge.train.front_end import (  # noqa: F401 -- equivalent_command, wan
     switch_to,
     wants_equivalent,
 )
+from gpt2forge.text.tokenizer import is_gpt2_files
+from gpt2forge.train.config import TrainConfig
 
 GROUPS = ("model", "regularization", "training", "learning rate", "checkpointing", "mixed precision", "distributed",
           "validation", "data and dataloader", "logging", "DeepSpeed", "K-FAC")

@@ -1,6 +1,6 @@
 """Other tools' command lines -> TrainConfig: the machinery every foreign front end shares.
 
-A front end (`megatron_args` for Megatron-LM's `pretrain_gpt.py`, `clm_args` for Hugging Face's
+A front end (`megatron` for Megatron-LM's `pretrain_gpt.py`, `run_clm` for Hugging Face's
 `run_clm_no_trainer.py`) is one table of `Flag` rows: a flag's spellings, its `--help` group, what
 it becomes here and its help line. A row's target is one of
 - a TrainConfig field name: the value is stored there (after the row's type conversion);

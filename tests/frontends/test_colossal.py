@@ -8,9 +8,9 @@ import pytest
 from colossal_examples import ZERO3  # tests/colossal_examples.py
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.args import parse_args
-from gpt2forge.train.colossal_config import KEYS, colossal_values
-from gpt2forge.train.front_end import cell
+from gpt2forge.frontends.colossal import KEYS, colossal_values
+from gpt2forge.frontends.flag_table import cell
+from gpt2forge.frontends.graphcore import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 

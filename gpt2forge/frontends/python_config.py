@@ -6,7 +6,7 @@ Accepted: imports (the names they bind stand for what they import), `NAME = valu
 known name with literal keyword arguments (an `Instance`), a name bound above, a dotted name (a
 `Symbol`: `torch.half`) or arithmetic on numbers (`2**5`); docstrings and `pass`. Anything else (a
 function, a loop, a call of anything else) stops with one line naming `file:line`. Used for
-Colossal-AI's configs (gpt2forge.train.colossal_config).
+Colossal-AI's configs (gpt2forge.frontends.colossal).
 """
 
 from __future__ import annotations

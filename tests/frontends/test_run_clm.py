@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.run_clm import FLAGS, SCHEDULERS, parse_args, translate
 from gpt2forge.text.corpus import pydoc_topics, stdlib_root
 from gpt2forge.text.tokenizer import asset_dir
-from gpt2forge.train.clm_args import FLAGS, SCHEDULERS, parse_args, translate
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.schedule import build_run_schedule
 
@@ -267,7 +267,7 @@ def test_accelerate_launch_runs_it_with_its_precision(clm_files, tmp_path, proce
 
 
 def test_docs_show_every_flag():
-    from gpt2forge.train.clm_args import FRONT_END
+    from gpt2forge.frontends.run_clm import FRONT_END
 
     text = (REPO / "docs" / "run_clm.md").read_text()
     missing = [line for line in FRONT_END.flag_table("run_clm") if line not in text]

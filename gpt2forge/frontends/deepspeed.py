@@ -1,5 +1,5 @@
 """DeepSpeed's `ds.json` -> TrainConfig values: what `--deepspeed --deepspeed_config ds.json` means on a
-Megatron-DeepSpeed command line (`pretrain_gpt.py`, gpt2forge.train.megatron_args).
+Megatron-DeepSpeed command line (`pretrain_gpt.py`, gpt2forge.frontends.megatron).
 
 Precedence is Megatron-DeepSpeed's. Its DeepSpeed engine owns the batch sizes, gradient clipping, fp16/bf16
 with the loss scaling, and the ZeRO stage with offload, so ds.json's values win there over Megatron's flags

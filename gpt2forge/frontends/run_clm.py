@@ -40,11 +40,11 @@ from typing import Any
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import str_to_bool
+from gpt2forge.frontends.flag_table import KFAC_FLAGS, Flag, FrontEnd, Refused, accept, switch_to
 from gpt2forge.model.config import MODEL_TYPES, ModelConfig
 from gpt2forge.text.tokenizer import HF_FILE, is_gpt2_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
 from gpt2forge.train.config import TrainConfig
-from gpt2forge.train.front_end import KFAC_FLAGS, Flag, FrontEnd, Refused, accept, switch_to
 
 GROUPS = ("data", "model", "training", "checkpointing and output", "tracking", "K-FAC")
 """The --help groups."""
