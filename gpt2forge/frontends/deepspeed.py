@@ -26,6 +26,7 @@ from typing import Any
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.flag_table import Own, Parsed
 
 KEYS: dict[str, str] = {
     "train_batch_size": "the global batch (gradient accumulation = it / (micro x data-parallel size))",
@@ -127,10 +128,11 @@ def resolve_batch(train: int | None, micro: int | None, accumulation: int | None
 
 
 class _Apply:
-    """One ds.json applied to one run's values; `set_by` maps the fields the command line gave to its flag."""
+    """One ds.json applied to one run's values (`run`: a Megatron command line's, whose `set_by` maps the
+    fields and settings the command line gave to its flag)."""
 
-    def __init__(self, path: str, config: dict, values: dict, set_by: dict[str, str]):
-        self.path, self.config, self.values, self.set_by = path, config, values, set_by
+    def __init__(self, path: str, config: dict, run: Parsed):
+        self.path, self.config, self.values, self.own, self.set_by = path, config, run.values, run.own, run.set_by
         self.ignored: list[str] = []
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -156,6 +158,13 @@ class _Apply:
                        "takes ds.json's")
         self.values[field] = value
 
+    def engine_own(self, field: str, value: Any, key: str) -> None:
+        """`engine` for a Megatron setting with no TrainConfig field (its `MegatronOnly` record)."""
+        flag, before = self.set_by.get(Own(field)), getattr(self.own, field)
+        if flag is not None and before != value:
+            log.notice(f"{key} {value} in {self.path} replaces {flag} {before}: DeepSpeed's engine takes ds.json's")
+        setattr(self.own, field, value)
+
     def fill(self, fields: tuple[str, ...], value: Any, key: str) -> None:
         """The command line wins (Megatron-DeepSpeed builds it from the flags): ds.json fills fields[0] when none
         of `fields` (one setting's spellings, e.g. the warm-up in updates, samples or as a fraction) was given."""
@@ -173,14 +182,14 @@ class _Apply:
 _MISSING = object()
 
 
-def apply_deepspeed_config(path: str, values: dict, set_by: dict[str, str], data_parallel: int) -> None:
-    """Apply the ds.json at `path` to the flat TrainConfig `values` of a Megatron command line, in place.
+def apply_deepspeed_config(path: str, run: Parsed, data_parallel: int) -> None:
+    """Apply the ds.json at `path` to a Megatron command line's `run`, in place.
 
     Args:
         path: the `--deepspeed_config` file.
-        values: flat TrainConfig values (Megatron's defaults, then the flags); the global batch goes to
-            `values["_global_batch"]`, fp16's static scale to `values["_static_loss_scale"]`, as the flags do.
-        set_by: fields the command line gave -> the Megatron flag that gave them (for the precedence notices).
+        run: its flat TrainConfig values (Megatron's defaults, then the flags) and its `MegatronOnly` record,
+            where the global batch and fp16's static scale go, as the flags put them; `run.set_by` names
+            what the command line gave (for the precedence notices).
         data_parallel: the data-parallel size (world size / pipeline stages), DeepSpeed's `world_size`.
 
     Raises:
@@ -189,7 +198,7 @@ def apply_deepspeed_config(path: str, values: dict, set_by: dict[str, str], data
     config = load_ds_config(path)
     if "bfloat16" in config and "bf16" not in config:  # the older name, read by DeepSpeed when bf16 is absent
         config["bf16"] = config.pop("bfloat16")
-    a = _Apply(path, config, values, set_by)
+    a = _Apply(path, config, run)
     _batches(a, data_parallel)
     clip = a.get("gradient_clipping")
     if clip is not None:
@@ -225,7 +234,7 @@ def _batches(a: _Apply, data_parallel: int) -> None:
     train, micro, _ = resolve_batch(_whole(a, "train_batch_size"), _whole(a, "train_micro_batch_size_per_gpu"),
                                     _whole(a, "gradient_accumulation_steps"), data_parallel)
     a.engine("batch_size", micro, "train_micro_batch_size_per_gpu")
-    a.engine("_global_batch", train, "train_batch_size")
+    a.engine_own("global_batch", train, "train_batch_size")
 
 
 def _precision(a: _Apply) -> None:
@@ -245,11 +254,12 @@ def _precision(a: _Apply) -> None:
                            "here (Megatron's and DeepSpeed's default); remove the key")
         static = a.get("fp16.loss_scale", 0)
         if static:
-            a.engine("_static_loss_scale", float(static), "fp16.loss_scale")
+            a.engine_own("static_loss_scale", float(static), "fp16.loss_scale")
             return
-        if "_static_loss_scale" in a.values:
-            log.notice(f"fp16.loss_scale 0 (dynamic) in {a.path} replaces {a.set_by['_static_loss_scale']} "
-                       f"{a.values.pop('_static_loss_scale')}: DeepSpeed's engine takes ds.json's")
+        if a.own.static_loss_scale is not None:
+            log.notice(f"fp16.loss_scale 0 (dynamic) in {a.path} replaces {a.set_by[Own('static_loss_scale')]} "
+                       f"{a.own.static_loss_scale}: DeepSpeed's engine takes ds.json's")
+            a.own.static_loss_scale = None
         a.engine("initial_loss_scale", 2.0 ** a.get("fp16.initial_scale_power", 16), "fp16.initial_scale_power")
         a.engine("loss_scale_window", int(a.get("fp16.loss_scale_window", 1000)), "fp16.loss_scale_window")
         a.engine("loss_scale_hysteresis", int(a.get("fp16.hysteresis", 2)), "fp16.hysteresis")

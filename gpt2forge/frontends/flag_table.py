@@ -4,13 +4,17 @@ A front end (`megatron` for Megatron-LM's `pretrain_gpt.py`, `run_clm` for Huggi
 `run_clm_no_trainer.py`) is one table of `Flag` rows: a flag's spellings, its `--help` group, what
 it becomes here and its help line. A row's target is one of
 - a TrainConfig field name: the value is stored there (after the row's type conversion);
+- `Own("field")`: a setting of the other tool with no TrainConfig field (Megatron's global batch,
+  run_clm's --output_dir): stored on the front end's typed record of such settings (`FrontEnd.own`,
+  a dataclass), which the front end's named rules turn into TrainConfig values;
 - a function `(value, values) -> None` for what takes more than a rename;
 - `Refused("why")`: the flag exists in the other tool but has no meaning here; giving it stops with
   one line that names it and says why (exit 2). Nothing is dropped silently.
-`FrontEnd.parse(argv)` returns the flat values the given flags set (and which flag set each field);
-the front end then applies its tool's defaults and cross-flag rules and builds one TrainConfig, run
-by the one trainer. `equivalent_command(values)` is the same run in `train_gpt2.py`'s own flags
-(`--print-equivalent`), which is what the tests compare against.
+`FrontEnd.parse(argv)` returns a `Parsed`: the flat values the given flags set, the record of the
+tool's own settings and which flag set each; the front end then applies its tool's defaults and
+cross-flag rules and builds one TrainConfig, run by the one trainer. `equivalent_command(values)`
+is the same run in `train_gpt2.py`'s own flags (`--print-equivalent`), which is what the tests
+compare against.
 """
 
 from __future__ import annotations
@@ -33,7 +37,27 @@ class Refused:
     why: str
 
 
-Target = str | Callable[[Any, dict], None] | Refused
+@dataclasses.dataclass(frozen=True)
+class Own:
+    """A setting of the other tool with no TrainConfig field: stored as `field` of the front end's
+    `own` record (a switch stores True)."""
+
+    field: str
+
+
+Target = str | Own | Callable[[Any, dict], None] | Refused
+
+
+@dataclasses.dataclass
+class Parsed:
+    """What `FrontEnd.parse` read from one command line."""
+
+    values: dict[str, Any]
+    """TrainConfig field -> value, for the given flags only."""
+    own: Any
+    """The front end's `own` record: the tool's settings that have no TrainConfig field."""
+    set_by: dict[str | Own, str]
+    """A TrainConfig field (or an `Own` setting) -> the flag that set it, as the user spelt its row's first name."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +77,7 @@ class Flag:
 
     def our_words(self) -> tuple[str, ...]:
         """The `train_gpt2.py` flags (or flag-and-value phrases) this row stands for."""
-        own = (f"--{flag(self.target)}",) if isinstance(self.target, str) and not self.target.startswith("_") else ()
+        own = (f"--{flag(self.target)}",) if isinstance(self.target, str) else ()
         return own + self.stands_for
 
 
@@ -90,6 +114,8 @@ class FrontEnd:
     flags: tuple[Flag, ...]
     unknown_hint: str
     """Appended to argparse's "unrecognized arguments" message: where the mapping is documented."""
+    own: type | None = None
+    """The dataclass (every field with a default) of the tool's settings that `Own` rows store."""
 
     def build_parser(self) -> argparse.ArgumentParser:
         """The flags in their groups; defaults SUPPRESSed, so only given flags appear."""
@@ -118,36 +144,38 @@ class FrontEnd:
             names = ", ".join(f"`{name}`" for name in row.names)
             if isinstance(row.target, Refused):
                 here = f"refused: {row.target.why}"
-            elif isinstance(row.target, str) and not row.target.startswith("_"):
+            elif isinstance(row.target, str):
                 here = f"`--{flag(row.target)}`: {row.help}"
             else:
                 here = row.help
             lines.append(f"| {names} | {row.group} | {cell(here)} |")
         return lines
 
-    def parse(self, argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
-        """(field -> value of the given flags, field -> the flag that set it).
+    def parse(self, argv: Sequence[str]) -> Parsed:
+        """The given flags' values, the tool's own settings and which flag set each.
 
         Raises:
             UsageError: a refused flag, an unknown flag or a bad value (one line).
         """
         given = vars(self.build_parser().parse_args(list(argv)))
         given.pop("print_equivalent", None)
-        flagged: dict[str, Any] = {}
-        set_by: dict[str, str] = {}
+        parsed = Parsed({}, self.own() if self.own is not None else None, {})
         for key, value in given.items():
             row = self.flags[int(key.removeprefix("flag"))]
             if isinstance(row.target, Refused):
                 raise UsageError(f"{row.names[0]}: {row.target.why}")
-            before = dict(flagged)
+            if isinstance(row.target, Own):
+                setattr(parsed.own, row.target.field, value)
+                parsed.set_by[row.target] = row.names[0]
+                continue
+            before = dict(parsed.values)
             if isinstance(row.target, str):
-                flagged[row.target] = value
+                parsed.values[row.target] = value
             else:
-                row.target(value, flagged)
-            set_by.update({name: row.names[0] for name in flagged
-                           if name not in before or flagged[name] != before[name]})
-        return flagged, set_by
-
+                row.target(value, parsed.values)
+            parsed.set_by.update({name: row.names[0] for name in parsed.values
+                                  if name not in before or parsed.values[name] != before[name]})
+        return parsed
 
     def own_words(self, argv: Sequence[str]) -> dict[str, str]:
         """`train_gpt2.py` words -> this tool's flag, for `in_own_words`: the row the user gave wins (in the
@@ -197,7 +225,7 @@ def cell(text: str) -> str:
 def _help(row: Flag) -> str:
     if isinstance(row.target, Refused):
         return f"refused here: {row.target.why}"
-    if isinstance(row.target, str) and not row.target.startswith("_"):
+    if isinstance(row.target, str):
         return f"{row.help} (train_gpt2.py --{flag(row.target)})"
     return row.help
 

@@ -16,6 +16,7 @@ With `--deepspeed --deepspeed_config ds.json` the DeepSpeed config is applied on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ from gpt2forge.frontends.flag_table import (  # noqa: F401 -- equivalent_command
     KFAC_FLAGS,
     Flag,
     FrontEnd,
+    Own,
+    Parsed,
     Refused,
     accept,
     equivalent_command,
@@ -42,6 +45,37 @@ GROUPS = ("model", "regularization", "training", "learning rate", "checkpointing
 """Megatron's --help groups, in its order (Megatron-DeepSpeed's DeepSpeed flags, then gpt2forge's K-FAC)."""
 
 
+@dataclasses.dataclass
+class MegatronOnly:
+    """Megatron's settings with no TrainConfig field of their own (`Own` rows store them); the rules
+    that `translate` runs after the flags turn them into TrainConfig values."""
+
+    global_batch: int | None = None
+    """--global-batch-size (or ds.json's train_batch_size): sequences per update over all replicas."""
+    pipeline: int = 1
+    """--pipeline-model-parallel-size: stages, split evenly."""
+    sequence_parallel: bool = False
+    """--sequence-parallel: kept only with tensor parallelism, as Megatron does."""
+    static_loss_scale: float | None = None
+    """--loss-scale (or ds.json's fp16.loss_scale): a fixed fp16 scale; None: dynamic."""
+    load: str | None = None
+    """--load: the checkpoint folder to resume from, or with --finetune to take weights from."""
+    finetune: bool = False
+    """--finetune: --load's weights, a new optimizer, iteration 0."""
+    no_load_optim: bool = False
+    """--no-load-optim (only with --finetune here, which implies it)."""
+    no_load_rng: bool = False
+    """--no-load-rng (as --no-load-optim)."""
+    vocab_file: str | None = None
+    """--vocab-file: GPT-2's vocab.json, with --merge-file."""
+    merge_file: str | None = None
+    """--merge-file: GPT-2's merges.txt, with --vocab-file."""
+    deepspeed: bool = False
+    """--deepspeed: read --deepspeed_config as DeepSpeed's engine would."""
+    deepspeed_config: str | None = None
+    """--deepspeed_config: the ds.json file."""
+
+
 # -- the rules that take more than a rename -------------------------------------------------------------
 
 
@@ -51,13 +85,9 @@ def _precision(name: str):
     return apply
 
 
-def _static_loss_scale(value: float, values: dict) -> None:
-    values["_static_loss_scale"] = value
-
-
-def _loss_scaling(values: dict) -> None:
+def _loss_scaling(values: dict, own: MegatronOnly) -> None:
     """Megatron's fp16: dynamic scaling from --initial-loss-scale unless --loss-scale fixes the scale."""
-    static = values.pop("_static_loss_scale", None)
+    static = own.static_loss_scale
     if static is not None:
         values["loss_scaling"] = static
     if values.get("precision") == "fp16":
@@ -105,26 +135,6 @@ def _tokenizer_type(value: str, _values: dict) -> None:
                          "tokenizer folder (PretrainedFromHF with --tokenizer-name-or-path DIR)")
 
 
-def _bpe_file(flag_name: str):
-    def apply(value: str, values: dict) -> None:
-        values.setdefault("_bpe_files", {})[flag_name] = value
-    return apply
-
-
-def _load(value: str, values: dict) -> None:
-    values["_load"] = value
-
-
-def _finetune(_value, values: dict) -> None:
-    values["_finetune"] = True
-
-
-def _no_load_state(flag_name: str):
-    def apply(_value, values: dict) -> None:
-        values.setdefault("_no_load", []).append(flag_name)
-    return apply
-
-
 def _recompute(_value, values: dict) -> None:
     values["recompute_checkpoint_every_layer"] = True
 
@@ -140,14 +150,6 @@ def _recompute_granularity(value: str, values: dict) -> None:
 
 def _tensor_parallel(value: int, values: dict) -> None:
     values["tensor_model_parallel_size"] = value
-
-
-def _sequence_parallel(_value, values: dict) -> None:
-    values["_sequence_parallel"] = True
-
-
-def _pipeline_parallel(value: int, values: dict) -> None:
-    values["_pipeline"] = value
 
 
 def _optimizer(value: str, values: dict) -> None:
@@ -199,7 +201,7 @@ FLAGS: tuple[Flag, ...] = (
     # training
     M(("--micro-batch-size", "--batch-size"), "training", "batch_size",
       "sequences per forward/backward (--batch-size: the old name)", int),
-    M(("--global-batch-size",), "training", "_global_batch", "sequences per update, all replicas", int,
+    M(("--global-batch-size",), "training", Own("global_batch"), "sequences per update, all replicas", int,
       stands_for=("--gradient-accumulation",)),
     M(("--train-iters",), "training", "training_steps", "updates to train", int),
     M(("--train-samples",), "training", "train_samples", "sequences to train (instead of --train-iters)", int),
@@ -233,21 +235,22 @@ FLAGS: tuple[Flag, ...] = (
     M(("--lr-warmup-samples",), "learning rate", "lr_warmup_samples", "warm-up in samples", int),
     # checkpointing
     M(("--save",), "checkpointing", "checkpoint_output_dir", "checkpoint directory to write"),
-    M(("--load",), "checkpointing", _load,
+    M(("--load",), "checkpointing", Own("load"),
       "checkpoint directory to start from: resumes the run when it holds one (Megatron-LM checkpoints too)",
       stands_for=("--checkpoint-input-dir",)),
     M(("--save-interval",), "checkpointing", "save_per_steps", "save every N updates", int),
-    M(("--finetune",), "checkpointing", _finetune, "start from --load's weights: new optimizer, iteration 0", None),
-    M(("--no-load-optim",), "checkpointing", _no_load_state("--no-load-optim"),
+    M(("--finetune",), "checkpointing", Own("finetune"), "start from --load's weights: new optimizer, iteration 0",
+      None),
+    M(("--no-load-optim",), "checkpointing", Own("no_load_optim"),
       "with --finetune (implied there)", None),
-    M(("--no-load-rng",), "checkpointing", _no_load_state("--no-load-rng"), "with --finetune (implied there)", None),
+    M(("--no-load-rng",), "checkpointing", Own("no_load_rng"), "with --finetune (implied there)", None),
     M(("--no-save-optim", "--no-save-rng"), "checkpointing",
       Refused("checkpoints always hold the optimizer and RNG state so that a run resumes exactly"), "", None),
     # mixed precision
     M(("--fp16",), "mixed precision", _precision("fp16"), "fp16 autocast with loss scaling", None,
       stands_for=("--precision fp16",)),
     M(("--bf16",), "mixed precision", _precision("bf16"), "bf16 autocast", None, stands_for=("--precision bf16",)),
-    M(("--loss-scale",), "mixed precision", _static_loss_scale, "static loss scale (default: dynamic)", float,
+    M(("--loss-scale",), "mixed precision", Own("static_loss_scale"), "static loss scale (default: dynamic)", float,
       stands_for=("--loss-scaling",)),
     M(("--initial-loss-scale",), "mixed precision", "initial_loss_scale", "first dynamic loss scale", float),
     M(("--min-loss-scale",), "mixed precision", "min_loss_scale", "floor of the dynamic loss scale", float),
@@ -260,9 +263,9 @@ FLAGS: tuple[Flag, ...] = (
     M(("--tensor-model-parallel-size", "--model-parallel-size"), "distributed", _tensor_parallel,
       "tensor-parallel size: heads, MLP, embedding and LM head split over N processes (train_gpt2.py "
       "--tensor-model-parallel-size)", int),
-    M(("--pipeline-model-parallel-size",), "distributed", _pipeline_parallel,
+    M(("--pipeline-model-parallel-size",), "distributed", Own("pipeline"),
       "pipeline stages (blocks split evenly)", int, stands_for=("--layers-per-ipu", "--ipus-per-replica")),
-    M(("--sequence-parallel",), "distributed", _sequence_parallel,
+    M(("--sequence-parallel",), "distributed", Own("sequence_parallel"),
       "LayerNorm and dropout regions split along the sequence (with tensor parallelism; off at size 1, as in "
       "Megatron)", None),
     M(("--distributed-backend",), "distributed", accept, "nccl | gloo: chosen by the device here"),
@@ -290,8 +293,8 @@ FLAGS: tuple[Flag, ...] = (
     M(("--text-key", "--json-key"), "data and dataloader", "json_key", "the text field of --train-data"),
     M(("--split",), "data and dataloader", "split", "train,valid,test proportions", _csv),
     M(("--data-impl",), "data and dataloader", _data_impl, "mmap"),
-    M(("--vocab-file",), "data and dataloader", _bpe_file("--vocab-file"), "GPT-2 BPE vocabulary (json)"),
-    M(("--merge-file",), "data and dataloader", _bpe_file("--merge-file"), "GPT-2 BPE merges"),
+    M(("--vocab-file",), "data and dataloader", Own("vocab_file"), "GPT-2 BPE vocabulary (json)"),
+    M(("--merge-file",), "data and dataloader", Own("merge_file"), "GPT-2 BPE merges"),
     M(("--tokenizer-type",), "data and dataloader", _tokenizer_type, "GPT2BPETokenizer | PretrainedFromHF"),
     M(("--tokenizer-name-or-path", "--tokenizer-model"), "data and dataloader", "tokenizer_name_or_path",
       "a local Hugging Face tokenizer folder"),
@@ -312,9 +315,9 @@ FLAGS: tuple[Flag, ...] = (
     M(("--tensorboard-dir",), "logging", "tensorboard_dir", "TensorBoard event files"),
     *KFAC_FLAGS,  # gpt2forge's own, the same in every front end (docs/training.md#k-fac)
     # DeepSpeed (Megatron-DeepSpeed's arguments.py and deepspeed.add_config_arguments)
-    M(("--deepspeed", "--deepscale"), "DeepSpeed", switch_to("_deepspeed"),
+    M(("--deepspeed", "--deepscale"), "DeepSpeed", Own("deepspeed"),
       "read --deepspeed_config (ds.json) as DeepSpeed's engine would", None),
-    M(("--deepspeed_config", "--deepspeed-config", "--deepscale_config"), "DeepSpeed", "_deepspeed_config",
+    M(("--deepspeed_config", "--deepspeed-config", "--deepscale_config"), "DeepSpeed", Own("deepspeed_config"),
       "ds.json: batch sizes, clipping, fp16/bf16, ZeRO, optimizer and scheduler (docs/megatron.md)"),
     M(("--zero-stage", "--zero_stage"), "DeepSpeed", "zero_stage",
       "ZeRO stage 0-3 (ds.json's zero_optimization.stage wins)", int),
@@ -344,7 +347,7 @@ MEGATRON_DEFAULTS: dict[str, Any] = {
 
 FRONT_END = FrontEnd("pretrain_gpt.py", "Megatron-LM / Megatron-DeepSpeed GPT flags, run by gpt2forge's trainer.",
                      GROUPS, FLAGS, "; pretrain_gpt.py takes the Megatron-LM flags listed by --help (docs/megatron.md "
-                     "has the mapping); train_gpt2.py's own flags go to train_gpt2.py")
+                     "has the mapping); train_gpt2.py's own flags go to train_gpt2.py", MegatronOnly)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,30 +361,32 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
     Raises:
         UsageError: a refused flag, an unknown flag, a bad value, or batch sizes that do not divide.
     """
-    flagged, set_by = FRONT_END.parse(argv)  # set_by: field -> its flag, for ds.json's precedence notices
-    values: dict[str, Any] = {**MEGATRON_DEFAULTS, **flagged}
+    parsed = FRONT_END.parse(argv)  # its set_by: field -> its flag, for ds.json's precedence notices
+    run = Parsed({**MEGATRON_DEFAULTS, **parsed.values}, parsed.own, parsed.set_by)
+    values, own = run.values, run.own
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    _deepspeed(values, set_by, world_size)
-    _batches(values, world_size)
-    _loss_scaling(values)
-    _checkpoints(values)
-    _tokenizer(values)
+    _deepspeed(run, world_size)
+    _batches(values, own, world_size)
+    _loss_scaling(values, own)
+    _checkpoints(values, own)
+    _tokenizer(own)
     if "batch_size" not in values:
         raise UsageError("--micro-batch-size is required (sequences per forward/backward)")
     return values
 
 
-def _data_parallel(values: dict, world_size: int) -> int:
+def _data_parallel(values: dict, own: MegatronOnly, world_size: int) -> int:
     """Replicas: the world size over tensor x pipeline parallel sizes (Megatron's rule and words);
     --sequence-parallel is dropped at tensor-parallel size 1, as Megatron does."""
-    stages, tp = values.get("_pipeline", 1), values.get("tensor_model_parallel_size", 1)
+    stages, tp = own.pipeline, values.get("tensor_model_parallel_size", 1)
     for name, size in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", stages)):
         if size < 1:
             raise UsageError(f"{name} {size}: must be >= 1 (1: not split)")
     if world_size % (tp * stages):
         raise UsageError(f"world size ({world_size}) is not divisible by tensor model parallel size ({tp}) times "
                          f"pipeline model parallel size ({stages})")
-    if values.pop("_sequence_parallel", False):
+    if own.sequence_parallel:
+        own.sequence_parallel = False  # said once
         if tp > 1:
             values["sequence_parallel"] = True
         else:
@@ -389,24 +394,23 @@ def _data_parallel(values: dict, world_size: int) -> int:
     return world_size // (tp * stages)
 
 
-def _deepspeed(values: dict, set_by: dict[str, str], world_size: int) -> None:
+def _deepspeed(run: Parsed, world_size: int) -> None:
     """--deepspeed --deepspeed_config ds.json: DeepSpeed's config on top of the flags (as Megatron-DeepSpeed,
     without --deepspeed the file is not read)."""
-    path = values.pop("_deepspeed_config", None)
-    enabled = values.pop("_deepspeed", False)
+    path, enabled = run.own.deepspeed_config, run.own.deepspeed
     if enabled and path is None:
         raise UsageError("--deepspeed needs --deepspeed_config ds.json (DeepSpeed's engine reads its batch sizes, "
                          "precision and ZeRO stage from it)")
     if path is not None and not enabled:
         log.notice(f"--deepspeed_config {path} is not read without --deepspeed (as in Megatron-DeepSpeed)")
     elif path is not None:
-        apply_deepspeed_config(path, values, set_by, _data_parallel(values, world_size))
+        apply_deepspeed_config(path, run, _data_parallel(run.values, run.own, world_size))
 
 
-def _batches(values: dict, world_size: int) -> None:
+def _batches(values: dict, own: MegatronOnly, world_size: int) -> None:
     """--global-batch-size -> gradient accumulation; --pipeline-model-parallel-size -> even stages."""
-    data_parallel = _data_parallel(values, world_size)
-    stages = values.pop("_pipeline", 1)
+    data_parallel = _data_parallel(values, own, world_size)
+    stages = own.pipeline
     if stages > 1:
         layers = values.get("num_layers", 12)
         if layers % stages:
@@ -417,7 +421,7 @@ def _batches(values: dict, world_size: int) -> None:
     else:
         values["ipus_per_replica"] = 1
     micro = values.get("batch_size")
-    glob = values.pop("_global_batch", None)
+    glob = own.global_batch
     if micro is None:
         return
     if micro < 1:
@@ -431,11 +435,11 @@ def _batches(values: dict, world_size: int) -> None:
     values["replication_factor"] = data_parallel
 
 
-def _checkpoints(values: dict) -> None:
+def _checkpoints(values: dict, own: MegatronOnly) -> None:
     """--load / --finetune / --no-load-*: resume, or start from the weights."""
-    load = values.pop("_load", None)
-    finetune = values.pop("_finetune", False)
-    no_load = values.pop("_no_load", [])
+    load, finetune = own.load, own.finetune
+    no_load = [name for name, given in (("--no-load-optim", own.no_load_optim), ("--no-load-rng", own.no_load_rng))
+               if given]
     if no_load and not finetune:
         raise UsageError(f"{no_load[0]} without --finetune: resuming restores the whole training state here; add "
                          "--finetune to start from --load's weights with a new optimizer and iteration 0")
@@ -453,8 +457,10 @@ def _checkpoints(values: dict) -> None:
     # else: as Megatron, a --load with nothing in it starts from scratch
 
 
-def _tokenizer(values: dict) -> None:
-    files = values.pop("_bpe_files", {})
+def _tokenizer(own: MegatronOnly) -> None:
+    """--vocab-file with --merge-file: GPT-2's own BPE files (the built-in tokenizer), or one line."""
+    files = {name: path for name, path in (("--vocab-file", own.vocab_file), ("--merge-file", own.merge_file))
+             if path is not None}
     if not files:
         return
     if len(files) == 1:

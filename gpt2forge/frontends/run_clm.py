@@ -31,6 +31,7 @@ After each epoch the run prints run_clm's `epoch N: perplexity: P eval_loss: L`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ from typing import Any
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import str_to_bool
-from gpt2forge.frontends.flag_table import KFAC_FLAGS, Flag, FrontEnd, Refused, accept, switch_to
+from gpt2forge.frontends.flag_table import KFAC_FLAGS, Flag, FrontEnd, Own, Refused, accept, switch_to
 from gpt2forge.model.config import MODEL_TYPES, ModelConfig
 from gpt2forge.text.tokenizer import HF_FILE, is_gpt2_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
@@ -62,11 +63,41 @@ ACCELERATE_STATE = ("optimizer.bin", "random_states_0.pkl", "scheduler.bin")
 """Files of an `accelerate save_state` folder (pickles): told apart from this trainer's checkpoints."""
 
 
-def _to(name: str):
-    """A target that keeps the value under a private name for the rules below."""
-    def apply(value, values: dict) -> None:
-        values[name] = value
-    return apply
+@dataclasses.dataclass
+class RunClmOnly:
+    """run_clm's settings with no TrainConfig field of their own (`Own` rows store them); the rules
+    that `translate` runs after the flags turn them into TrainConfig values."""
+
+    dataset_name: str | None = None
+    """--dataset_name: a `datasets` dataset (a folder, or a name in the local cache)."""
+    train_file: str | None = None
+    """--train_file: training text (.txt, .json/.jsonl, .csv)."""
+    validation_file: str | None = None
+    """--validation_file: validation text, the same formats."""
+    block_size: int | None = None
+    """--block_size: tokens per block; None: the model's positions, at most 1024."""
+    model: str | None = None
+    """--model_name_or_path: the folder (or cached hub id) whose weights the run starts from."""
+    config: str | None = None
+    """--config_name: a config.json (or its folder) of a new model."""
+    tokenizer: str | None = None
+    """--tokenizer_name: a tokenizer folder."""
+    scheduler: str = "linear"
+    """--lr_scheduler_type: one of SCHEDULERS."""
+    warmup: int = 0
+    """--num_warmup_steps: warm-up updates."""
+    precision: str | None = None
+    """--mixed_precision: no | fp16 | bf16; None: accelerate launch's (ACCELERATE_MIXED_PRECISION)."""
+    output_dir: str | None = None
+    """--output_dir: the final model and the checkpoints."""
+    checkpointing: str | None = None
+    """--checkpointing_steps: a number of updates, or epoch."""
+    resume: str | None = None
+    """--resume_from_checkpoint: a step folder; "" (bare): the newest in --output_dir."""
+    tracking: bool = False
+    """--with_tracking: log to the --report_to trackers."""
+    report_to: str = "all"
+    """--report_to: tensorboard | wandb | all."""
 
 
 def _model_type(value: str, _values: dict) -> None:
@@ -77,20 +108,20 @@ def _model_type(value: str, _values: dict) -> None:
 F = Flag
 FLAGS: tuple[Flag, ...] = (
     # data
-    F(("--dataset_name",), "data", _to("_dataset_name"),
+    F(("--dataset_name",), "data", Own("dataset_name"),
       "`--dataset hf --input-files NAME`: a `datasets` dataset: a save_to_disk folder, a local dataset folder, or a "
       "name in the local datasets cache", stands_for=("--dataset hf", "--input-files")),
     F(("--dataset_config_name",), "data", "dataset_config_name", "the dataset's configuration"),
-    F(("--train_file",), "data", _to("_train_file"),
+    F(("--train_file",), "data", Own("train_file"),
       "`--dataset hf --input-files FILE`: training text: .txt (one record per line), "
       ".json/.jsonl, .csv", stands_for=("--dataset hf", "--input-files")),
-    F(("--validation_file",), "data", _to("_validation_file"),
+    F(("--validation_file",), "data", Own("validation_file"),
       "`--valid-data-path FILE`: validation text, the same formats", stands_for=("--valid-data-path",)),
     F(("--validation_split_percentage",), "data", "validation_split_percentage",
       "without a validation split: this percentage of the training records validates", int),
     F(("--no_keep_linebreaks",), "data", switch_to("keep_linebreaks", False),
       "`--keep-linebreaks false`: .txt records without their \\n", None),
-    F(("--block_size",), "data", _to("_block_size"),
+    F(("--block_size",), "data", Own("block_size"),
       "`--max-len`: tokens per block (default: the model's positions, at most 1024)", int, stands_for=("--max-len",)),
     F(("--preprocessing_num_workers",), "data", "preprocessing_workers", "processes that tokenize (they also decide "
       "the blocks, as in run_clm)", int),
@@ -99,13 +130,13 @@ FLAGS: tuple[Flag, ...] = (
     F(("--streaming",), "data", Refused("the blocks are tokenized once into a memory-mapped cache, which any corpus "
                                         "size fits; drop --streaming"), "", None),
     # model
-    F(("--model_name_or_path",), "model", _to("_model"),
+    F(("--model_name_or_path",), "model", Own("model"),
       "`--checkpoint-input-dir`: a Hugging Face GPT-2 folder (save_pretrained), or a model in the local hub "
       "cache: start from its weights", stands_for=("--checkpoint-input-dir",)),
-    F(("--config_name",), "model", _to("_config"),
+    F(("--config_name",), "model", Own("config"),
       "`--model-config`: a GPT-2 config.json (or its folder): a new model of that shape",
       stands_for=("--model-config",)),
-    F(("--tokenizer_name",), "model", _to("_tokenizer"),
+    F(("--tokenizer_name",), "model", Own("tokenizer"),
       "`--tokenizer-name-or-path`: a local tokenizer folder (default: the model's, else GPT-2's)",
       stands_for=("--tokenizer-name-or-path",)),
     F(("--model_type",), "model", _model_type, "gpt2 (the model built without --model_name_or_path)"),
@@ -124,30 +155,30 @@ FLAGS: tuple[Flag, ...] = (
     F(("--num_train_epochs",), "training", "epochs", "passes over the training blocks", int),
     F(("--max_train_steps",), "training", "training_steps", "updates to train (overrides the epochs)", int),
     F(("--gradient_accumulation_steps",), "training", "gradient_accumulation", "micro-batches per update", int),
-    F(("--lr_scheduler_type",), "training", _to("_scheduler"),
+    F(("--lr_scheduler_type",), "training", Own("scheduler"),
       "`--lr-schedule` (and `--min-lr`): " + " | ".join(SCHEDULERS), stands_for=("--lr-schedule",)),
-    F(("--num_warmup_steps",), "training", _to("_warmup"), "`--lr-warmup-steps`: warm-up updates", int,
+    F(("--num_warmup_steps",), "training", Own("warmup"), "`--lr-warmup-steps`: warm-up updates", int,
       stands_for=("--lr-warmup-steps",)),
     F(("--seed",), "training", "seed", "seed of weights, dropout and data order", int),
-    F(("--mixed_precision",), "training", _to("_precision"),
+    F(("--mixed_precision",), "training", Own("precision"),
       "`--precision`: no | fp16 | bf16 (default: accelerate launch's)", stands_for=("--precision",)),
     # checkpointing and output
-    F(("--output_dir",), "checkpointing and output", _to("_output_dir"),
+    F(("--output_dir",), "checkpointing and output", Own("output_dir"),
       "`--final-model-dir` (and `--checkpoint-output-dir`): the final model, tokenizer and "
       "all_results.json; the checkpoints", stands_for=("--final-model-dir", "--checkpoint-output-dir")),
-    F(("--checkpointing_steps",), "checkpointing and output", _to("_checkpointing"),
+    F(("--checkpointing_steps",), "checkpointing and output", Own("checkpointing"),
       "`--save-per-steps N` | `--save-per-epochs 1` (epoch): checkpoints in --output_dir",
       stands_for=("--save-per-steps", "--save-per-epochs")),
-    F(("--resume_from_checkpoint",), "checkpointing and output", _to("_resume"),
+    F(("--resume_from_checkpoint",), "checkpointing and output", Own("resume"),
       "`--checkpoint-input-dir PATH --resume-training-from-checkpoint`; bare: `--auto-resume`, the newest "
       "checkpoint in --output_dir", str, "?", ""),
     F(("--push_to_hub", "--hub_model_id", "--hub_token"), "checkpointing and output",
       Refused("nothing is uploaded from a training run here; push --output_dir with huggingface-cli upload"), "",
       str, "?", ""),
     # tracking
-    F(("--with_tracking",), "tracking", switch_to("_tracking"),
+    F(("--with_tracking",), "tracking", Own("tracking"),
       "`--tensorboard-dir` / `--use-wandb`: log the run to the --report_to trackers", None),
-    F(("--report_to",), "tracking", _to("_report_to"), " | ".join(TRACKERS)),
+    F(("--report_to",), "tracking", Own("report_to"), " | ".join(TRACKERS)),
     *KFAC_FLAGS,
 )
 
@@ -160,7 +191,7 @@ CLM_DEFAULTS: dict[str, Any] = {
 
 FRONT_END = FrontEnd("train_clm.py", "Hugging Face run_clm_no_trainer.py flags, run by gpt2forge's trainer.", GROUPS,
                      FLAGS, "; train_clm.py takes run_clm_no_trainer.py's flags listed by --help (docs/run_clm.md has "
-                     "the mapping); train_gpt2.py's own flags go to train_gpt2.py")
+                     "the mapping); train_gpt2.py's own flags go to train_gpt2.py", RunClmOnly)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,19 +204,20 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
     Raises:
         UsageError: a refused or unknown flag, a bad value, data or a model that is not there.
     """
-    flagged, _ = FRONT_END.parse(argv)
-    values: dict[str, Any] = {**CLM_DEFAULTS, **flagged}
+    parsed = FRONT_END.parse(argv)
+    values: dict[str, Any] = {**CLM_DEFAULTS, **parsed.values}
+    own: RunClmOnly = parsed.own
     if world_size is None:
         _one_accelerate_process_notice()
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     values["replication_factor"] = world_size  # one replica per process, as accelerate's DDP
-    _data(values)
-    positions = _model(values)
-    _block_size(values, positions)
-    _schedule(values)
-    _precision(values)
-    _output(values)
-    _tracking(values)
+    _data(values, own)
+    positions = _model(values, own)
+    _block_size(values, own.block_size, positions)
+    _schedule(values, own)
+    _precision(values, own.precision)
+    _output(values, own)
+    _tracking(values, own)
     return values
 
 
@@ -204,8 +236,9 @@ def _one_accelerate_process_notice() -> None:
                    "--nproc_per_node N train_clm.py ...")
 
 
-def _data(values: dict) -> None:
-    name, train, valid = (values.pop(k, None) for k in ("_dataset_name", "_train_file", "_validation_file"))
+def _data(values: dict, own: RunClmOnly) -> None:
+    """--dataset_name, or --train_file (and --validation_file): the `hf` reader's inputs."""
+    name, train, valid = own.dataset_name, own.train_file, own.validation_file
     if name is None and train is None:
         raise UsageError("Need either a dataset name or a training file: pass --dataset_name (a local datasets "
                          "folder or cached name) or --train_file")
@@ -262,9 +295,9 @@ def _model_positions(path: Path, flag_name: str) -> int:
     return ModelConfig.from_hf_dict(config, source=f"{flag_name} {path}").n_positions
 
 
-def _model(values: dict) -> int:
+def _model(values: dict, own: RunClmOnly) -> int:
     """--model_name_or_path / --config_name / --tokenizer_name; returns the model's positions."""
-    model, config, tokenizer = (values.pop(k, None) for k in ("_model", "_config", "_tokenizer"))
+    model, config, tokenizer = own.model, own.config, own.tokenizer
     positions = 1024  # GPT2Config()'s, the model run_clm builds from --model_type gpt2
     if config is not None:
         path = Path(config) if Path(config).is_file() else resolve_model_folder(config, "--config_name") / "config.json"
@@ -292,9 +325,8 @@ def _own_tokenizer(folder: Path) -> bool:
     return vocab.is_file() and merges.is_file() and not is_gpt2_files(vocab, merges)
 
 
-def _block_size(values: dict, positions: int) -> None:
+def _block_size(values: dict, block: int | None, positions: int) -> None:
     """run_clm: --block_size, at most the model's positions; by default the positions, at most 1024."""
-    block = values.pop("_block_size", None)
     if block is None:
         values["max_len"] = min(1024, positions)
     elif block > positions:
@@ -305,20 +337,22 @@ def _block_size(values: dict, positions: int) -> None:
         values["max_len"] = block
 
 
-def _schedule(values: dict) -> None:
-    name = values.pop("_scheduler", "linear")
+def _schedule(values: dict, own: RunClmOnly) -> None:
+    """--lr_scheduler_type and --num_warmup_steps: transformers' get_scheduler as this trainer's schedule."""
+    name = own.scheduler
     if name not in SCHEDULERS:
         raise UsageError(f"--lr_scheduler_type {name}: choose one of {', '.join(SCHEDULERS)}")
     schedule, warms, floor = SCHEDULERS[name]
-    warmup = values.pop("_warmup", 0)
+    warmup = own.warmup
     if warmup and not warms:
         log.notice(f"--num_warmup_steps {warmup}: --lr_scheduler_type constant has no warm-up (transformers' "
                    "get_constant_schedule); use constant_with_warmup")
     values.update(lr_schedule=schedule, lr_warmup_steps=warmup if warms else 0, min_lr=floor)
 
 
-def _precision(values: dict) -> None:
-    name = values.pop("_precision", None) or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+def _precision(values: dict, asked: str | None) -> None:
+    """--mixed_precision (or accelerate launch's): the precision, with GradScaler's fp16 scaling."""
+    name = asked or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
     precisions = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
     if name not in precisions:
         raise UsageError(f"--mixed_precision {name}: no, fp16 or bf16 here (fp8 is not available)")
@@ -328,10 +362,9 @@ def _precision(values: dict) -> None:
                       loss_scale_hysteresis=1)
 
 
-def _output(values: dict) -> None:
-    out = values.pop("_output_dir", None)
-    every = values.pop("_checkpointing", None)
-    resume = values.pop("_resume", None)
+def _output(values: dict, own: RunClmOnly) -> None:
+    """--output_dir, --checkpointing_steps, --resume_from_checkpoint: the final model, checkpoints, resuming."""
+    out, every, resume = own.output_dir, own.checkpointing, own.resume
     if out is not None:
         values["final_model_dir"] = out
     root = out or "."  # run_clm saves step_N/ in the working directory without --output_dir
@@ -358,9 +391,10 @@ def _output(values: dict) -> None:
     values.update(checkpoint_input_dir=resume, resume_training_from_checkpoint=True)
 
 
-def _tracking(values: dict) -> None:
-    report = values.pop("_report_to", "all")
-    if not values.pop("_tracking", False):
+def _tracking(values: dict, own: RunClmOnly) -> None:
+    """--with_tracking --report_to: TensorBoard where accelerate's tracker writes, W&B."""
+    report = own.report_to
+    if not own.tracking:
         return
     if report not in TRACKERS:
         raise UsageError(f"--report_to {report}: tensorboard, wandb or all here")
