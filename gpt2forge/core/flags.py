@@ -1,15 +1,20 @@
 """Command-line value parsing shared by every entry point, and config fields that are also flags.
 
 Booleans take the reference's syntax: `--flag` alone means True, `--flag True|False|yes|no|1|0`.
-A config section is a dataclass whose fields are made with `opt(default, help, *aliases)`: the
-parser, the `--config FILE` reader and the `--help` text are generated from them
-(gpt2forge.frontends.graphcore).
+A config section is a dataclass whose fields are made with `opt(default, *aliases)`, each followed by
+its attribute docstring, which is its `--help` text (`attribute_docs`): the parser, the `--config
+FILE` reader and `--help` are generated from them (gpt2forge.frontends.graphcore), so a setting's
+text is written once.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
+import textwrap
 import typing
 from typing import Any
 
@@ -38,10 +43,21 @@ def scalar_type(tp: Any) -> type:
     return args[0] if args else tp
 
 
-def opt(default: Any, help: str, *aliases: str, **kwargs: Any) -> Any:
-    """A dataclass field that is also a flag: `help` is its --help line, `aliases` older names.
-    kwargs go to argparse (`choices`, `kind` = "bool" | "list_int" | "list_float" | "list_str")."""
-    return dataclasses.field(default=default, metadata={"help": help, "aliases": aliases, **kwargs})
+def opt(default: Any, *aliases: str, **kwargs: Any) -> Any:
+    """A dataclass field that is also a flag, `aliases` its older names; its --help text is the attribute
+    docstring under it. kwargs go to argparse (`choices`, `kind` = "bool" | "list_int" | "list_float" |
+    "list_str")."""
+    return dataclasses.field(default=default, metadata={"aliases": aliases, **kwargs})
+
+
+@functools.cache
+def attribute_docs(cls: type) -> dict[str, str]:
+    """Field name -> the string literal right under its annotated assignment in `cls`'s body (the
+    attribute docstring), whitespace folded into single spaces."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {node.target.id: " ".join(after.value.value.split()) for node, after in zip(body, body[1:])
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
 
 
 def flag(name: str) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import flag
-from gpt2forge.train.config import FIELD_SECTION
+from gpt2forge.train.config import FIELD_SECTION, field_help
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,14 +93,12 @@ def accept(_value, _values: dict) -> None:
 
 
 KFAC_FLAGS: tuple[Flag, ...] = (
-    Flag(("--kfac",), "K-FAC", switch_to("kfac"), "precondition the blocks' nn.Linear gradients with K-FAC", None),
-    Flag(("--kfac-factor-update-steps",), "K-FAC", "kfac_factor_update_steps", "updates between factor updates", int),
-    Flag(("--kfac-inv-update-steps",), "K-FAC", "kfac_inv_update_steps", "updates between decompositions", int),
-    Flag(("--kfac-damping",), "K-FAC", "kfac_damping", "Tikhonov damping", float),
-    Flag(("--kfac-factor-decay",), "K-FAC", "kfac_factor_decay", "running-average decay of the factors", float),
-    Flag(("--kfac-kl-clip",), "K-FAC", "kfac_kl_clip", "KL clipping bound (0: off)", float),
-    Flag(("--kfac-skip-layers",), "K-FAC", "kfac_skip_layers", "regular expressions of layers left alone", str, "+"),
-    Flag(("--kfac-compute-method",), "K-FAC", "kfac_compute_method", "eigen | inverse"),
+    Flag(("--kfac",), "K-FAC", switch_to("kfac"), field_help("kfac"), None),
+    *(Flag((f"--{flag(name)}",), "K-FAC", name, field_help(name), kind, nargs)
+      for name, kind, nargs in (("kfac_factor_update_steps", int, None), ("kfac_inv_update_steps", int, None),
+                                ("kfac_damping", float, None), ("kfac_factor_decay", float, None),
+                                ("kfac_kl_clip", float, None), ("kfac_skip_layers", str, "+"),
+                                ("kfac_compute_method", str, None))),
 )
 """K-FAC (docs/training.md#k-fac): gpt2forge's own flags, spelt the same in every front end."""
 

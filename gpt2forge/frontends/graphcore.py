@@ -18,7 +18,7 @@ from typing import Any
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import LIST_KINDS, flag, scalar_type, str_to_bool
-from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig
+from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig, field_help
 
 
 def _section_fields() -> list[tuple[str, dataclasses.Field, Any]]:
@@ -48,7 +48,7 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
         meta = f.metadata
         names = [f"--{flag(f.name)}", *meta.get("aliases", ())]
         default = f.default
-        help_text = f"{meta['help']} (default: {default})"
+        help_text = f"{field_help(f.name)} (default: {default})"
         kind = meta.get("kind")
         kw: dict[str, Any] = {"dest": f.name, "help": help_text}
         if kind == "bool":

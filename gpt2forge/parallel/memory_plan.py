@@ -58,42 +58,33 @@ OFFLOADS = ("none", "optimizer", "full")
 class MemoryArgs:
     """What trades compute for memory: the LM loss, recomputation, optimizer offload (section of TrainConfig)."""
 
-    lm_loss: str = opt("auto", "(new) fused: chunked LM head + loss that never holds the (B*T, V) logits "
-                       "(C++ op when built) | plain: full logits + cross-entropy | auto: fused on the CPU, plain on "
-                       "a GPU (faster there in a compiled step) unless a flag only fused honours is set",
-                       choices=("auto", "fused", "plain"))
-    """fused (chunked head + loss), plain (whole logits + cross-entropy) or auto (`resolved_lm_loss`)."""
-    enable_sequence_serialized: bool = opt(False, "fused LM loss: chunks of --serialized-seq-len tokens (rows of "
-                                           "the flattened batch) instead of the default ~128 MB of logits",
-                                           kind="bool")
-    """Fused loss: chunk rows by serialized_seq_len instead of by a logits budget."""
-    serialized_seq_len: int = opt(128, "token chunk length for --enable-sequence-serialized")
-    """Rows (tokens) per fused-loss chunk with enable_sequence_serialized."""
-    embedding_serialization_factor: int = opt(1, "fused LM loss: split the vocabulary into this many chunks "
-                                              "(1/F the logits buffer for one extra head matmul)")
-    """Vocabulary chunks of the fused loss."""
-    remap_logit: bool = opt(False, "use the fused LM-head loss (--lm-loss auto's choice on the CPU; contradicts "
-                            "--lm-loss plain)",
-                            kind="bool")
-    """The reference's switch for the fused head (auto's choice on the CPU; on a GPU it asks for it)."""
-    recompute_checkpoint_every_layer: bool = opt(False, "activation checkpointing of every block (recomputed "
-                                                 "in backward)", kind="bool")
-    """Recompute every block's activations in backward."""
-    recompute_checkpoint_layers: list[int] | None = opt(None, "checkpoint only these block indices", kind="list_int")
-    """Recompute only these blocks."""
-    optimizer_state_offchip: bool | None = opt(None, "keep optimizer state in host memory and update there "
-                                               "(CUDA; on CPU it is there already); the same as --offload "
-                                               "optimizer", kind="bool")
-    """Optimizer state and its update in host memory (--offload optimizer)."""
-    offload: str | None = opt(None, "(new) what lives in pinned host memory: none | optimizer (optimizer state "
-                              "and update, as --optimizer-state-offchip) | full (parameters, gradients and "
-                              "optimizer state: FSDP2 ZeRO-3 with CPU offload, also in one process, each block "
-                              "streamed to the device ahead of use); default: optimizer with "
-                              "--optimizer-state-offchip true, else none", choices=OFFLOADS)
-    """Host offload: none, optimizer or full; None: from optimizer_state_offchip (see `offload_mode`)."""
-    device_memory_gib: float | None = opt(None, "(new) --plan: the device memory to plan one device for, in GiB "
-                                          "(default: this machine's device)")
-    """Device memory the one-device plan is for, GiB; None: the detected device's."""
+    lm_loss: str = opt("auto", choices=("auto", "fused", "plain"))
+    """(new) fused: chunked LM head + loss that never holds the (B*T, V) logits (C++ op when built) | plain: full logits
+    + cross-entropy | auto: fused on the CPU, plain on a GPU (faster there in a compiled step) unless a flag only fused
+    honours is set."""
+    enable_sequence_serialized: bool = opt(False, kind="bool")
+    """Fused LM loss: chunks of --serialized-seq-len tokens (rows of the flattened batch) instead of the default ~128 MB
+    of logits."""
+    serialized_seq_len: int = opt(128)
+    """Token chunk length for --enable-sequence-serialized."""
+    embedding_serialization_factor: int = opt(1)
+    """Fused LM loss: split the vocabulary into this many chunks (1/F the logits buffer for one extra head matmul)"""
+    remap_logit: bool = opt(False, kind="bool")
+    """Use the fused LM-head loss (--lm-loss auto's choice on the CPU; contradicts --lm-loss plain)"""
+    recompute_checkpoint_every_layer: bool = opt(False, kind="bool")
+    """Activation checkpointing of every block (recomputed in backward)"""
+    recompute_checkpoint_layers: list[int] | None = opt(None, kind="list_int")
+    """Checkpoint only these block indices."""
+    optimizer_state_offchip: bool | None = opt(None, kind="bool")
+    """Keep optimizer state in host memory and update there (CUDA; on CPU it is there already); the same as --offload
+    optimizer."""
+    offload: str | None = opt(None, choices=OFFLOADS)
+    """(new) what lives in pinned host memory: none | optimizer (optimizer state and update, as
+    --optimizer-state-offchip) | full (parameters, gradients and optimizer state: FSDP2 ZeRO-3 with CPU offload, also in
+    one process, each block streamed to the device ahead of use); default: optimizer with --optimizer-state-offchip
+    true, else none."""
+    device_memory_gib: float | None = opt(None)
+    """(new) --plan: the device memory to plan one device for, in GiB (default: this machine's device)"""
 
     def __post_init__(self) -> None:
         problems = positive(self, "embedding_serialization_factor", "serialized_seq_len")

@@ -27,40 +27,33 @@ from gpt2forge.core.flags import opt, positive
 class ParallelArgs:
     """Batch geometry and the parallel layout: the reference's IPU flags (section of TrainConfig)."""
 
-    batch_size: int = opt(1, "micro-batch size per replica")
-    """Micro-batch size per replica, in sequences."""
-    gradient_accumulation: int = opt(1, "micro-batches per optimizer update (gradients averaged)")
-    """Micro-batches per optimizer update; the pipeline's micro-batches when stages run in their own processes."""
-    replication_factor: int = opt(1, "data-parallel replicas (one process each; run alone, missing replicas "
-                                  "become extra gradient accumulation)")
-    """Data-parallel replicas of the model."""
-    device_iterations: int = opt(4, "optimizer updates per host (logged) step")
+    batch_size: int = opt(1)
+    """Micro-batch size per replica."""
+    gradient_accumulation: int = opt(1)
+    """Micro-batches per optimizer update (gradients averaged)"""
+    replication_factor: int = opt(1)
+    """Data-parallel replicas (one process each; run alone, missing replicas become extra gradient accumulation)"""
+    device_iterations: int = opt(4)
     """Optimizer updates per host (logged) step."""
-    layers_per_ipu: list[int] | None = opt(None, "blocks per pipeline stage, e.g. 0 4 4 4 (stage 0 holds the "
-                                           "embeddings); must add up to n_layer", kind="list_int")
-    """Blocks per pipeline stage; None: one stage holding every block."""
-    ipus_per_replica: int = opt(4, "pipeline stages per model replica")
-    """Pipeline stages per replica; must equal len(layers_per_ipu) when that is given."""
-    pipeline_schedule: str = opt("1F1B", "(new) pipeline schedule over the --gradient-accumulation micro-batches "
-                                 "when stages run in their own processes: GPipe | 1F1B",
-                                 choices=("GPipe", "1F1B"))
-    """GPipe or 1F1B, used when the stages run in their own processes."""
-    zero_stage: int | None = opt(None, "(new) ZeRO sharding across replicas: 0 none | 1 optimizer state | 2 + "
-                                 "gradients | 3 + parameters (2 and 3 with FSDP2); default 1 with "
-                                 "--replicated-tensor-sharding, else 0", choices=(0, 1, 2, 3))
-    """ZeRO stage 0-3; None: 1 with replicated_tensor_sharding, else 0."""
-    replicated_tensor_sharding: bool = opt(False, "shard optimizer state across replicas (ZeRO-1)", kind="bool")
-    """The reference's name for ZeRO-1."""
-    tensor_model_parallel_size: int = opt(1, "(new) tensor-parallel processes per model replica: attention "
-                                          "heads, the MLP, the embedding and the LM head are split over them "
-                                          "(DTensor); processes = data-parallel replicas x this")
-    """Tensor-parallel degree: processes that share one replica's weights (Megatron's layout)."""
-    sequence_parallel: bool = opt(False, "(new) with --tensor-model-parallel-size > 1, also split the LayerNorm "
-                                  "and dropout regions along the sequence", kind="bool")
-    """Sequence parallelism inside the tensor-parallel group (LayerNorms, dropouts, residuals)."""
-    matmul_proportion: list[float] | None = opt(None, "IPU matmul memory proportion (no equivalent: ignored)",
-                                                kind="list_float")
-    """Accepted for the reference's command lines; one value per stage; no effect."""
+    layers_per_ipu: list[int] | None = opt(None, kind="list_int")
+    """Blocks per pipeline stage, e.g. 0 4 4 4 (stage 0 holds the embeddings); must add up to n_layer."""
+    ipus_per_replica: int = opt(4)
+    """Pipeline stages per model replica."""
+    pipeline_schedule: str = opt("1F1B", choices=("GPipe", "1F1B"))
+    """(new) pipeline schedule over the --gradient-accumulation micro-batches when stages run in their own processes:
+    GPipe | 1F1B."""
+    zero_stage: int | None = opt(None, choices=(0, 1, 2, 3))
+    """(new) ZeRO sharding across replicas: 0 none | 1 optimizer state | 2 + gradients | 3 + parameters (2 and 3 with
+    FSDP2); default 1 with --replicated-tensor-sharding, else 0."""
+    replicated_tensor_sharding: bool = opt(False, kind="bool")
+    """Shard optimizer state across replicas (ZeRO-1)"""
+    tensor_model_parallel_size: int = opt(1)
+    """(new) tensor-parallel processes per model replica: attention heads, the MLP, the embedding and the LM head are
+    split over them (DTensor); processes = data-parallel replicas x this."""
+    sequence_parallel: bool = opt(False, kind="bool")
+    """(new) with --tensor-model-parallel-size > 1, also split the LayerNorm and dropout regions along the sequence."""
+    matmul_proportion: list[float] | None = opt(None, kind="list_float")
+    """IPU matmul memory proportion (no equivalent: ignored)"""
 
     def __post_init__(self) -> None:
         problems = positive(self, "batch_size", "gradient_accumulation", "ipus_per_replica", "replication_factor",

@@ -11,7 +11,7 @@ import pytest
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.frontends.graphcore import build_parser, parse_args
-from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig
+from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig, field_help
 
 # The flat field names of the single TrainConfig before it was split into sections (issue 15): the
 # keys of every train_config.json saved next to a checkpoint and of --config files.
@@ -42,24 +42,18 @@ FLAT_NAMES = {
 }
 
 
-def field_docstrings(cls: type) -> dict[str, str]:
-    """Field name -> the string literal right after its annotated assignment in the class body."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-            docs[node.target.id] = after.value.value
-    return docs
-
-
 @pytest.mark.parametrize("attr", list(SECTIONS))
-def test_every_field_has_a_help_line_and_a_docstring(attr):
+def test_every_field_has_one_text_its_docstring_which_is_its_help(attr):
     cls = SECTIONS[attr]
     assert cls.__doc__ and cls.__doc__.strip()
-    docs = field_docstrings(cls)
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    documented = {node.target.id for node, after in zip(body, body[1:])
+                  if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
+                  and isinstance(after.value, ast.Constant) and str(after.value.value).strip()}
     for f in dataclasses.fields(cls):
-        assert f.metadata.get("help", "").strip(), f"{cls.__name__}.{f.name} has no --help text"
-        assert docs.get(f.name, "").strip(), f"{cls.__name__}.{f.name} has no docstring"
+        assert f.name in documented, f"{cls.__name__}.{f.name} has no docstring"
+        assert "help" not in f.metadata, f"{cls.__name__}.{f.name} has a second text (a help= beside its docstring)"
+        assert field_help(f.name) == " ".join(field_help(f.name).split()) and field_help(f.name)
 
 
 def test_flat_names_are_unchanged_and_unique():
@@ -85,7 +79,7 @@ def test_help_lists_every_flag_with_its_help_line_grouped_by_section():
         assert "".join(cls.__doc__.split()) in text  # one argument group per section
         for f in dataclasses.fields(cls):
             assert f"--{f.name.replace('_', '-')}" in text
-            assert "".join(f.metadata["help"].split()) in text
+            assert "".join(field_help(f.name).split()) in text
     for alias in ("--pretrained-checkpoint", "--save-model-path", "--data-prefix", "--tfrecord-path", "--dry-run",
                   "--eval-steps", "--train-path", "--config"):
         assert alias in text
