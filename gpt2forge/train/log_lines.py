@@ -19,33 +19,54 @@ import math
 from datetime import datetime
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StepReport:
-    """What one logged step line says."""
+    """One host step as the step line and the monitors (metrics file, TensorBoard, W&B) report it."""
 
     step: int
-    """Updates done, counting from 1 (Megatron's iteration)."""
+    """Host steps done, counting from 1 (Megatron's iteration)."""
     total_steps: int
     index_in_epoch: int
+    """The step's 0-based index in its epoch (the reference's `step S of epoch E`)."""
     epoch: int
+    """The step's 0-based epoch."""
     loss: float
     acc: float
     lr: float
     samples_per_s: float
     tokens_per_s: float
     mfu: str
+    """As the step line prints it: "12.3%" or "unknown"."""
+    mfu_fraction: float | None
+    """The same as a fraction, None when the device's peak is unknown."""
     peak_memory_gib: float
     data_wait_pct: float
     grad_norm: float
     seconds_per_step: float
-    """Mean wall time of the steps since the previous line."""
+    """The step's wall time."""
     consumed_samples: int
+    consumed_tokens: int
     global_batch: int
     loss_scale: float
     skipped: int
     """Updates skipped so far (non-finite gradients)."""
+    processes: int
+    """Processes of the job (tokens/s per process)."""
+    epoch_done: bool
+    """The step ended its epoch."""
+    last: bool
+    """The step is the run's last."""
     blend: str = ""
     """The realized blend shares (` | shares ...`), or empty."""
+
+    def record(self) -> dict[str, float | int | None]:
+        """The step's metrics record (the keys of the metrics file's "train" lines)."""
+        return {"step": self.step, "epoch": self.epoch, "tokens": self.consumed_tokens, "loss": self.loss,
+                "acc": self.acc, "lr": self.lr, "grad_norm": self.grad_norm, "loss_scale": self.loss_scale,
+                "samples_per_sec": self.samples_per_s, "tokens_per_sec": self.tokens_per_s,
+                "tokens_per_sec_per_process": self.tokens_per_s / self.processes, "mfu": self.mfu_fraction,
+                "peak_memory_gib": self.peak_memory_gib, "data_wait_pct": self.data_wait_pct,
+                "step_seconds": self.seconds_per_step}
 
 
 def step_line(fmt: str, r: StepReport) -> str:

@@ -8,6 +8,7 @@ and is what the step line, --save-per-steps, --training-steps and --log-steps co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import random
 import time
@@ -30,7 +31,7 @@ from gpt2forge.core.runtime import (
     resolve_precision,
     synchronize,
 )
-from gpt2forge.data import DataRequest, EpochOrdered, ShardedStream, collate, load_datasets
+from gpt2forge.data import DataRequest, DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.ops.fp_mode import denormals_flushed
@@ -88,7 +89,6 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
     """
     B = run.cfg.parallel.batch_size
     micro_per_step = run.accumulation * run.cfg.parallel.device_iterations
-    count = steps_per_epoch * micro_per_step * B
     pin = run.device.type == "cuda"
     if isinstance(dataset, IterableDataset):
         # Stream order does not depend on the worker count (protocol in gpt2forge.data), so a
@@ -102,21 +102,7 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
                             generator=torch.Generator())
         batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
     else:
-        env = run.replica
-        count *= env.world_size  # every replica draws from one global order
-        if isinstance(dataset, EpochOrdered):
-            order = dataset.epoch_indices(progress.epoch, count)
-        elif shuffle:
-            seed = run.cfg.data.seed + progress.epoch
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
-        else:
-            order = torch.arange(len(dataset))
-        # (step, update, replica, micro-batches of the update): replica r takes its own slice of every
-        # update, so the union over replicas is what one process with all the accumulation would see.
-        iterations = run.cfg.parallel.device_iterations
-        used = order[:count].view(steps_per_epoch, iterations, env.world_size, -1)[:, :, env.rank]
-        used = used.reshape(steps_per_epoch, micro_per_step, B)
-        batches = DataLoader(dataset, batch_sampler=used[progress.step_in_epoch:].reshape(-1, B).tolist(),
+        batches = DataLoader(dataset, batch_sampler=_replica_batches(run, dataset, progress, steps_per_epoch, shuffle),
                              collate_fn=collate, num_workers=loader_workers(run.cfg.data.num_workers), pin_memory=pin,
                              generator=torch.Generator())
     group: list[torch.Tensor] = []
@@ -129,6 +115,26 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
     except UsageError as exc:
         # A reader's error raised in a DataLoader worker arrives wrapped in a traceback text.
         raise UsageError(str(exc).rstrip().splitlines()[-1].split("UsageError: ", 1)[-1]) from None
+
+
+def _replica_batches(run: Run, dataset: Dataset, progress: Progress, steps_per_epoch: int, shuffle: bool
+                     ) -> list[list[int]]:
+    """This replica's micro-batches (sample indices) of a map-style dataset from the current step to the
+    epoch's end. Every replica draws from one global order seeded by (seed, epoch)."""
+    B, iterations, env = run.cfg.parallel.batch_size, run.cfg.parallel.device_iterations, run.replica
+    count = steps_per_epoch * run.accumulation * iterations * B * env.world_size
+    if isinstance(dataset, EpochOrdered):
+        order = dataset.epoch_indices(progress.epoch, count)
+    elif shuffle:
+        seed = run.cfg.data.seed + progress.epoch
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
+    else:
+        order = torch.arange(len(dataset))
+    # (step, update, replica, micro-batches of the update): replica r takes its own slice of every
+    # update, so the union over replicas is what one process with all the accumulation would see.
+    used = order[:count].view(steps_per_epoch, iterations, env.world_size, -1)[:, :, env.rank]
+    used = used.reshape(steps_per_epoch, run.accumulation * iterations, B)
+    return used[progress.step_in_epoch:].reshape(-1, B).tolist()
 
 
 def blend_shares(dataset: Dataset, consumed: int) -> str:
@@ -166,6 +172,43 @@ def data_request(cfg: TrainConfig, vocab_size: int, samples_per_step: int, steps
                        overwrite_cache=data.overwrite_cache)
 
 
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What `run_training` resolved before training: the process, its device, precision, model and layout."""
+
+    cfg: TrainConfig
+    env: DistEnv
+    device: torch.device
+    precision: str
+    model: GPT2LMHeadModel
+    ckpt_dir: Path | None
+    """The checkpoint the weights came from (resumed from with --resume-training-from-checkpoint), or None."""
+    layout: Layout
+    accumulation: int
+    """Micro-batches per update in this process (replicas folded in included)."""
+    zero: int
+    """The ZeRO stage this process runs."""
+
+
+@dataclasses.dataclass
+class Loop:
+    """The training loop's state: what its functions read and advance."""
+
+    run: Run
+    data: DatasetSplit
+    progress: Progress
+    total_steps: int
+    steps_per_epoch: int
+    meter: StepMeter
+    monitor: RunMonitor
+    last_val: tuple[float, float, int] | None = None
+    """(loss, perplexity, tokens) of the last validation, None before one."""
+
+    @property
+    def cfg(self) -> TrainConfig:
+        return self.run.cfg
+
+
 def run_training(cfg: TrainConfig) -> int:
     """Set everything up from `cfg`, train, evaluate, save; returns the exit code."""
     env = env_from_launcher()
@@ -181,13 +224,34 @@ def run_training(cfg: TrainConfig) -> int:
         configure_host_allocator()
     precision = resolve_precision(cfg.runtime.precision, device)
     if cfg.runtime.plan:
-        model_cfg, _ = resolve_model_config(cfg)
-        build_layout(cfg.parallel, model_cfg.n_layer)  # the layout flags must describe this model
-        parallel, offload = cfg.parallel, cfg.memory.offload_mode
-        zero = requested_zero_stage(parallel.zero_stage, parallel.replicated_tensor_sharding, offload)
-        name = Path(cfg.arch.model_config).stem if cfg.arch.model_config else cfg.arch.model
-        return run_plan(parallel, cfg.memory, model_cfg, cfg.arch.max_len, device, autocast_dtype(precision), zero,
-                        name)
+        return _plan(cfg, device, precision)
+    setup = _set_up(cfg, env, device, precision)
+    init_process_group(env, device)
+    try:
+        # SIGTERM/SIGUSR1: save and stop after a step. On the CPU, denormals flushed to zero: a denormal
+        # softmax once made an Intel CPU's steps 12x slower (gpt2forge.ops.fp_mode).
+        with (exit_signals(cfg.checkpoint.exit_signal_handler), denormals_flushed(device),
+              deterministic_algorithms(cfg.runtime.deterministic, device)):
+            return _train(setup)
+    except ExitRequested as stopped:
+        log.info(str(stopped))
+        return 0
+    finally:
+        shutdown()
+
+
+def _plan(cfg: TrainConfig, device: torch.device, precision: str) -> int:
+    """--plan: the memory plan of the run, without building the model."""
+    model_cfg, _ = resolve_model_config(cfg)
+    build_layout(cfg.parallel, model_cfg.n_layer)  # the layout flags must describe this model
+    parallel, offload = cfg.parallel, cfg.memory.offload_mode
+    zero = requested_zero_stage(parallel.zero_stage, parallel.replicated_tensor_sharding, offload)
+    name = Path(cfg.arch.model_config).stem if cfg.arch.model_config else cfg.arch.model
+    return run_plan(parallel, cfg.memory, model_cfg, cfg.arch.max_len, device, autocast_dtype(precision), zero, name)
+
+
+def _set_up(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str) -> Setup:
+    """The ZeRO stage, the host checks, the model and the layout (before the process group)."""
     zero = resolve_zero_stage(cfg.parallel.zero_stage, cfg.parallel.replicated_tensor_sharding, env,
                               cfg.memory.offload_mode)
     shape = resolve_model_config(cfg)  # once: the host check and the model both need it
@@ -198,100 +262,104 @@ def run_training(cfg: TrainConfig) -> int:
     model, ckpt_dir = build_model(cfg, device, shape)
     layout = build_layout(cfg.parallel, model.config.n_layer, env.world_size)
     accumulation = report_layout(layout, cfg.parallel, cfg.data.async_dataloader)
-    init_process_group(env, device)
-    try:
-        # SIGTERM/SIGUSR1: save and stop after a step. On the CPU, denormals flushed to zero: a denormal
-        # softmax once made an Intel CPU's steps 12x slower (gpt2forge.ops.fp_mode).
-        with (exit_signals(cfg.checkpoint.exit_signal_handler), denormals_flushed(device),
-              deterministic_algorithms(cfg.runtime.deterministic, device)):
-            return _train(cfg, env, device, precision, model, ckpt_dir, layout, accumulation, zero)
-    except ExitRequested as stopped:
-        log.info(str(stopped))
-        return 0
-    finally:
-        shutdown()
+    return Setup(cfg, env, device, precision, model, ckpt_dir, layout, accumulation, zero)
 
 
-def _train(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str, model: GPT2LMHeadModel,
-           ckpt_dir, layout: Layout, accumulation: int, zero: int) -> int:
-    torch.manual_seed(cfg.data.seed + env.rank)  # same initial weights everywhere, different dropout per replica
-    log.info(f"Model config: {model.config}")
-    log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")
-
-    apply_memory_features(model, cfg.memory, device)
-    offload = offload_to_host(cfg.memory, device)
-    strategy = _build_strategy(cfg, env, layout, model, device, precision, accumulation, zero, offload)
-    _print_stage_plan(cfg, env, layout, model, device, precision, accumulation, zero)
-    optimizer = _build_optimizer(cfg, strategy, device)
+def _train(s: Setup) -> int:
+    """Build the step, load the data, train; then the test split, the final model and the sample."""
+    cfg = s.cfg
+    torch.manual_seed(cfg.data.seed + s.env.rank)  # same initial weights everywhere, different dropout per replica
+    log.info(f"Model config: {s.model.config}")
+    log.info(f"Parameters: {s.model.config.num_params() / 1e6:.1f}M, device {s.device}, precision {s.precision}")
+    apply_memory_features(s.model, cfg.memory, s.device)
+    strategy = _build_strategy(s, offload_to_host(cfg.memory, s.device))
+    _print_stage_plan(s)
+    optimizer = _build_optimizer(cfg, strategy, s.device)
     kfac = build_preconditioner(cfg.kfac, strategy)  # before the data: a layout it refuses stops here
     rt = cfg.runtime
-    scaler = LossScaler(precision == "fp16", rt.initial_loss_scale if rt.auto_loss_scaling else rt.loss_scaling,
+    scaler = LossScaler(s.precision == "fp16", rt.initial_loss_scale if rt.auto_loss_scaling else rt.loss_scaling,
                         rt.auto_loss_scaling, rt.loss_scale_window, rt.min_loss_scale, rt.loss_scale_hysteresis)
     if cfg.runtime.compile_only:
-        return _compile_only(cfg, strategy, optimizer, scaler, device, precision)
+        return _compile_only(cfg, strategy, optimizer, scaler, s.device, s.precision)
+    loop = _loop_over_data(s, strategy, optimizer, scaler, kfac)
+    try:
+        last_val = _loop_naming_lost_nodes(loop)
+        _test(loop)
+    finally:
+        loop.monitor.close()
+    with _paused(loop.run):
+        if cfg.checkpoint.final_model_dir:
+            export_final(loop.run, cfg.checkpoint.final_model_dir, {"perplexity": last_val[1]} if last_val else {})
+        if cfg.eval.sample_tokens:
+            maybe_sample(cfg, whole_model(loop.run), s.device)
+    return 0
 
-    micro_per_step = accumulation * cfg.parallel.device_iterations
-    samples_per_step = micro_per_step * cfg.parallel.batch_size * strategy.replica.world_size  # = cfg.samples_per_step
+
+def _loop_over_data(s: Setup, strategy: Strategy, optimizer: torch.optim.Optimizer, scaler: LossScaler,
+                    kfac) -> Loop:
+    """Load the data; the run's length, schedule and `Run`; resume; the meter and the monitor."""
+    cfg = s.cfg
+    samples_per_step = s.accumulation * cfg.parallel.device_iterations * cfg.parallel.batch_size * \
+        strategy.replica.world_size  # = cfg.samples_per_step
+    data, steps_per_epoch, total_steps = _load_data(cfg, s.model.config.vocab_size, samples_per_step)
+    iterations = cfg.parallel.device_iterations
+    # Megatron's units: a schedule in samples advances by the global batch (samples per update) per update.
+    scheduler = build_run_schedule(optimizer, cfg.optim, total_steps * iterations, samples_per_step // iterations)
+    run = Run(cfg, strategy, optimizer, scheduler, scaler, s.device, s.precision, s.accumulation, kfac=kfac)
+    if s.env.enabled:
+        run.watchdog = Watchdog(strategy.process_name)
+        strategy.attach_watchdog(run.watchdog)
+    if cfg.eval.eval_wikitext or cfg.eval.eval_lambada:
+        run.quick_eval = QuickEval(cfg.eval.eval_wikitext, cfg.eval.eval_lambada, cfg.arch.max_len,
+                                   s.model.config.vocab_size, cfg.parallel.batch_size)
+    progress = Progress()
+    if cfg.checkpoint.resume_training_from_checkpoint:
+        resume(run, s.ckpt_dir, progress)
+    peak = device_peak(s.device, s.precision)
+    if peak and s.device.type == "cuda":
+        peak *= s.env.world_size  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
+    meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, s.model.config.flops_per_token(cfg.arch.max_len), peak)
+    return Loop(run, data, progress, total_steps, steps_per_epoch, meter, RunMonitor(cfg, s.model.config, total_steps))
+
+
+def _load_data(cfg: TrainConfig, vocab_size: int, samples_per_step: int) -> tuple[DatasetSplit, int, int]:
+    """The datasets, the host steps per epoch and the run's host steps."""
     log.banner("Loading data")
     t0 = time.perf_counter()
     fixed_steps = steps_from_length(cfg, samples_per_step)
-    data = load_datasets(data_request(cfg, model.config.vocab_size, samples_per_step, fixed_steps))
+    data = load_datasets(data_request(cfg, vocab_size, samples_per_step, fixed_steps))
     steps_per_epoch = len(data.train) // samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
                          f"({samples_per_step}); reduce --batch-size, --gradient-accumulation or "
                          "--device-iterations, or add data")
-    total_steps = fixed_steps or cfg.optim.epochs * steps_per_epoch
     log.info(f"Samples per epoch: {len(data.train)}")
     log.info(f"Steps per epoch: {steps_per_epoch}")
     log.info(f"Data loaded in {time.perf_counter() - t0:.2f} secs")
-
-    total_updates = total_steps * cfg.parallel.device_iterations
-    # Megatron's units: a schedule in samples advances by the global batch (samples per update) per update.
-    samples_per_update = samples_per_step // cfg.parallel.device_iterations
-    scheduler = build_run_schedule(optimizer, cfg.optim, total_updates, samples_per_update)
-    run = Run(cfg, strategy, optimizer, scheduler, scaler, device, precision, accumulation, kfac=kfac)
-    if env.enabled:
-        run.watchdog = Watchdog(strategy.process_name)
-        strategy.attach_watchdog(run.watchdog)
-    if cfg.eval.eval_wikitext or cfg.eval.eval_lambada:
-        run.quick_eval = QuickEval(cfg.eval.eval_wikitext, cfg.eval.eval_lambada, cfg.arch.max_len,
-                                   model.config.vocab_size, cfg.parallel.batch_size)
-    progress = Progress()
-    if cfg.checkpoint.resume_training_from_checkpoint:
-        resume(run, ckpt_dir, progress)
-    peak = device_peak(device, precision)
-    if peak and device.type == "cuda":
-        peak *= env.world_size  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
-    meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, model.config.flops_per_token(cfg.arch.max_len), peak)
-    monitor = RunMonitor(cfg, model.config, total_steps)
-    try:
-        last_val = _loop_naming_lost_nodes(run, data, progress, total_steps, steps_per_epoch, meter, monitor)
-        if data.test is not None:
-            with _paused(run):
-                test = evaluate(run, data.test)
-            for line in validation_lines(cfg.logging.log_format, progress.step, *test, split="test"):
-                log.info(line)
-            monitor.validation({"step": progress.step, "tokens": progress.step * cfg.tokens_per_step,
-                                "test_loss": test[0], "test_perplexity": test[1]})
-    finally:
-        monitor.close()
-    if cfg.checkpoint.final_model_dir:
-        with _paused(run):
-            export_final(run, cfg.checkpoint.final_model_dir, {"perplexity": last_val[1]} if last_val else {})
-    if cfg.eval.sample_tokens:
-        with _paused(run):
-            maybe_sample(cfg, whole_model(run), device)
-    return 0
+    return data, steps_per_epoch, fixed_steps or cfg.optim.epochs * steps_per_epoch
 
 
-def _loop_naming_lost_nodes(run: Run, *args) -> tuple[float, float, int] | None:
+def _test(loop: Loop) -> None:
+    """The test split, once after training (logged and recorded), when the data has one."""
+    if loop.data.test is None:
+        return
+    with _paused(loop.run):
+        test = evaluate(loop.run, loop.data.test)
+    step = loop.progress.step
+    for line in validation_lines(loop.cfg.logging.log_format, step, *test, split="test"):
+        log.info(line)
+    loop.monitor.validation({"step": step, "tokens": step * loop.cfg.tokens_per_step,
+                             "test_loss": test[0], "test_perplexity": test[1]})
+
+
+def _loop_naming_lost_nodes(loop: Loop) -> tuple[float, float, int] | None:
     """`_loop`; a collective that fails (a node, its processes or its link lost) ends the run with one
     line naming the node(s) and the timeout (health.collective_failure), not gloo's traceback."""
     try:
-        return _loop(run, *args)
+        return _loop(loop)
     except RuntimeError as exc:
-        line = collective_failure(exc, TIMEOUT, run.watchdog.what if run.watchdog is not None else "")
+        watchdog = loop.run.watchdog
+        line = collective_failure(exc, TIMEOUT, watchdog.what if watchdog is not None else "")
         if line is None:
             raise
         raise RunError(line) from None
@@ -302,27 +370,29 @@ def _paused(run: Run):
     return run.watchdog.paused() if run.watchdog is not None else contextlib.nullcontext()
 
 
-def _build_strategy(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
-                    precision: str, accumulation: int, zero: int, offload: bool) -> Strategy:
+def _build_strategy(s: Setup, offload: bool) -> Strategy:
     """The parallel strategy the layout asks for, from the registry (it stages, shards, wraps and
-    compiles `model`; memory features are applied before)."""
-    return build_strategy(model, ParallelRequest(
-        device=device, env=env, layout=layout, zero=zero, offload=offload, param_dtype=autocast_dtype(precision),
+    compiles the model; memory features are applied before)."""
+    cfg = s.cfg
+    return build_strategy(s.model, ParallelRequest(
+        device=s.device, env=s.env, layout=s.layout, zero=s.zero, offload=offload,
+        param_dtype=autocast_dtype(s.precision),
         compile_mode="true" if cfg.runtime.compile_only else cfg.runtime.torch_compile,
-        compile_cache=cfg.runtime.executable_cache_dir,
-        schedule=cfg.parallel.pipeline_schedule, micro_batches=accumulation, batch_size=cfg.parallel.batch_size))
+        compile_cache=cfg.runtime.executable_cache_dir, schedule=cfg.parallel.pipeline_schedule,
+        micro_batches=s.accumulation, batch_size=cfg.parallel.batch_size))
 
 
-def _print_stage_plan(cfg: TrainConfig, env: DistEnv, layout: Layout, model: GPT2LMHeadModel, device: torch.device,
-                      precision: str, accumulation: int, zero: int) -> None:
+def _print_stage_plan(s: Setup) -> None:
     """Rank 0 of a pipelined run prints the stages' balance and memory per process."""
-    if not (layout.pipelined and env.is_main):
+    if not (s.layout.pipelined and s.env.is_main):
         return
-    plans = build_plan(cfg.parallel, cfg.memory, model.config, cfg.arch.max_len, device, autocast_dtype(precision),
-                       zero, replicas=layout.data_parallel, micro_batches=accumulation)
-    print_plan(plans, f"Stage balance and memory per process ({cfg.parallel.pipeline_schedule}, {accumulation} "
+    cfg = s.cfg
+    plans = build_plan(cfg.parallel, cfg.memory, s.model.config, cfg.arch.max_len, s.device,
+                       autocast_dtype(s.precision), s.zero, replicas=s.layout.data_parallel,
+                       micro_batches=s.accumulation)
+    print_plan(plans, f"Stage balance and memory per process ({cfg.parallel.pipeline_schedule}, {s.accumulation} "
                       f"micro-batches of {cfg.parallel.batch_size} x {cfg.arch.max_len}; GiB):")
-    print_compute_balance(model.config, layout.layers_per_stage, cfg.arch.max_len)
+    print_compute_balance(s.model.config, s.layout.layers_per_stage, cfg.arch.max_len)
 
 
 def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device) -> torch.optim.Optimizer:
@@ -335,77 +405,96 @@ def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device)
                            shard_group=placement.shard_group)
 
 
-def _loop(run: Run, data, progress: Progress, total_steps: int, steps_per_epoch: int, meter: StepMeter,
-          monitor: RunMonitor) -> tuple[float, float, int] | None:
-    """Train to `total_steps`; returns the last validation result (None without one)."""
-    cfg = run.cfg
-    shuffle = cfg.data.dataset != "generated"
+def _loop(loop: Loop) -> tuple[float, float, int] | None:
+    """Train to `loop.total_steps`; returns the last validation result (None without one)."""
+    shuffle = loop.cfg.data.dataset != "generated"
     log.banner("Training")
-    run.model.train()
-    last_val: tuple[float, float, int] | None = None
-    while progress.step < total_steps:
+    loop.run.model.train()
+    while loop.progress.step < loop.total_steps:
         t_start = time.perf_counter()
-        updates = epoch_updates(run, data.train, progress, steps_per_epoch, shuffle)
-        for index_in_epoch in range(progress.step_in_epoch, steps_per_epoch):
-            totals = torch.zeros(3, device=run.device)
-            data_wait = 0.0  # host seconds blocked on the data loader in this step
-            if run.watchdog is not None:
-                run.watchdog.kick(f"step {progress.step} (update {progress.updates})")
-            for _ in range(cfg.parallel.device_iterations):
-                t_wait = time.perf_counter()
-                micro_batches = next(updates)
-                data_wait += time.perf_counter() - t_wait
-                totals += train_step(run, micro_batches)
-            progress.updates += cfg.parallel.device_iterations
-            loss_sum, correct, tokens = totals.tolist()  # syncs the device
-            t_end = synchronize(run.device)
-            loss, acc = loss_sum / max(tokens, 1), correct / max(tokens, 1)
-            lr = run.optimizer.param_groups[0]["lr"]
-            step_s = t_end - t_start
-            samples_s, tokens_s, mfu = meter.rates(step_s)
-            wait_pct = 100 * data_wait / (t_end - t_start)
-            peak_gib = peak_memory_bytes(run.device) / 2**30
-            reset_peak_memory(run.device)
-            t_start = t_end
-            epoch = progress.epoch
-            progress.step += 1
-            progress.step_in_epoch += 1
-            epoch_done = progress.step_in_epoch == steps_per_epoch
-            if epoch_done:
-                progress.epoch += 1
-                progress.step_in_epoch = 0
-            last = progress.step >= total_steps
-            if progress.step % cfg.logging.log_steps == 0 or last:
-                log.info(step_line(cfg.logging.log_format, StepReport(
-                    progress.step, total_steps, index_in_epoch, epoch, loss, acc, lr, samples_s, tokens_s, mfu,
-                    peak_gib, wait_pct, run.grad_norm, step_s, progress.step * cfg.samples_per_step,
-                    cfg.samples_per_step, run.scaler.scale, run.skipped_updates,
-                    blend_shares(data.train, progress.step * cfg.samples_per_step))))
-            monitor.step({"step": progress.step, "epoch": epoch, "tokens": progress.step * cfg.tokens_per_step,
-                          "loss": loss, "acc": acc, "lr": lr, "grad_norm": run.grad_norm,
-                          "loss_scale": run.scaler.scale, "samples_per_sec": samples_s,
-                          "tokens_per_sec": tokens_s, "tokens_per_sec_per_process": tokens_s / run.dist_env.world_size,
-                          "mfu": meter.mfu(tokens_s), "peak_memory_gib": peak_gib, "data_wait_pct": wait_pct,
-                          "step_seconds": step_s})
-            every = cfg.eval.eval_every_steps
-            stop = None if last else agreed_signal(run.device)  # an exit signal on any rank (a collective)
-            eval_now = not stop and (epoch_done or last or bool(every and progress.step % every == 0))
-            if progress.step == 1:
-                run.strategy.report_peak_memory(peak_gib)
-            with _paused(run):
-                if eval_now:
-                    last_val = _evaluate(run, data, progress, monitor, epoch) or last_val
-                name = checkpoint_name(cfg.checkpoint, progress, epoch_done, last, stopping=stop is not None)
-                if name:
-                    metrics = {"loss": loss, "acc": acc}
-                    if last_val:
-                        metrics.update(val_loss=last_val[0], val_perplexity=last_val[1])
-                    save(run, progress, name, metrics)
-            if stop:
-                raise ExitRequested(exit_notice(stop, progress.step, cfg.checkpoint.checkpoint_output_dir, name))
-            if last or epoch_done:
+        updates = epoch_updates(loop.run, loop.data.train, loop.progress, loop.steps_per_epoch, shuffle)
+        for index_in_epoch in range(loop.progress.step_in_epoch, loop.steps_per_epoch):
+            report, t_start = _host_step(loop, updates, index_in_epoch, t_start)
+            _record(loop, report)
+            if _after_step(loop, report):
                 break
-    return last_val
+    return loop.last_val
+
+
+def _host_step(loop: Loop, updates: Iterator[list[torch.Tensor]], index_in_epoch: int, t_start: float
+               ) -> tuple[StepReport, float]:
+    """One host step (--device-iterations updates) and what its line reports; advances the progress.
+    Returns the report and the step's end time (the next step's start)."""
+    run, progress, cfg = loop.run, loop.progress, loop.cfg
+    totals = torch.zeros(3, device=run.device)
+    data_wait = 0.0  # host seconds blocked on the data loader in this step
+    if run.watchdog is not None:
+        run.watchdog.kick(f"step {progress.step} (update {progress.updates})")
+    for _ in range(cfg.parallel.device_iterations):
+        t_wait = time.perf_counter()
+        micro_batches = next(updates)
+        data_wait += time.perf_counter() - t_wait
+        totals += train_step(run, micro_batches)
+    progress.updates += cfg.parallel.device_iterations
+    loss_sum, correct, tokens = totals.tolist()  # syncs the device
+    t_end = synchronize(run.device)
+    step_s = t_end - t_start
+    samples_s, tokens_s, mfu = loop.meter.rates(step_s)
+    peak_gib = peak_memory_bytes(run.device) / 2**30
+    reset_peak_memory(run.device)
+    epoch = progress.epoch
+    epoch_done = _advance(progress, loop.steps_per_epoch)
+    consumed = progress.step * cfg.samples_per_step
+    return StepReport(
+        step=progress.step, total_steps=loop.total_steps, index_in_epoch=index_in_epoch, epoch=epoch,
+        loss=loss_sum / max(tokens, 1), acc=correct / max(tokens, 1), lr=run.optimizer.param_groups[0]["lr"],
+        samples_per_s=samples_s, tokens_per_s=tokens_s, mfu=mfu, mfu_fraction=loop.meter.mfu(tokens_s),
+        peak_memory_gib=peak_gib, data_wait_pct=100 * data_wait / step_s, grad_norm=run.grad_norm,
+        seconds_per_step=step_s, consumed_samples=consumed, consumed_tokens=progress.step * cfg.tokens_per_step,
+        global_batch=cfg.samples_per_step, loss_scale=run.scaler.scale, skipped=run.skipped_updates,
+        processes=run.dist_env.world_size, epoch_done=epoch_done, last=progress.step >= loop.total_steps,
+        blend=blend_shares(loop.data.train, consumed)), t_end
+
+
+def _advance(progress: Progress, steps_per_epoch: int) -> bool:
+    """Count one host step; returns whether it ended the epoch (the next one then starts)."""
+    progress.step += 1
+    progress.step_in_epoch += 1
+    if progress.step_in_epoch < steps_per_epoch:
+        return False
+    progress.epoch += 1
+    progress.step_in_epoch = 0
+    return True
+
+
+def _record(loop: Loop, report: StepReport) -> None:
+    """The step line (every --log-steps and the last step) and the step's record for the monitors."""
+    if report.step % loop.cfg.logging.log_steps == 0 or report.last:
+        log.info(step_line(loop.cfg.logging.log_format, report))
+    loop.monitor.step(report.record())
+    if report.step == 1:
+        loop.run.strategy.report_peak_memory(report.peak_memory_gib)
+
+
+def _after_step(loop: Loop, report: StepReport) -> bool:
+    """Validation, checkpoint and an agreed exit signal after a step; returns whether the epoch (or
+    the run) ended with it. Raises ExitRequested when a signal asked the run to stop (after its save)."""
+    cfg, progress = loop.cfg, loop.progress
+    every = cfg.eval.eval_every_steps
+    stop = None if report.last else agreed_signal(loop.run.device)  # an exit signal on any rank (a collective)
+    eval_now = not stop and (report.epoch_done or report.last or bool(every and progress.step % every == 0))
+    with _paused(loop.run):
+        if eval_now:
+            loop.last_val = _evaluate(loop.run, loop.data, progress, loop.monitor, report.epoch) or loop.last_val
+        name = checkpoint_name(cfg.checkpoint, progress, report.epoch_done, report.last, stopping=stop is not None)
+        if name:
+            metrics = {"loss": report.loss, "acc": report.acc}
+            if loop.last_val:
+                metrics.update(val_loss=loop.last_val[0], val_perplexity=loop.last_val[1])
+            save(loop.run, progress, name, metrics)
+    if stop:
+        raise ExitRequested(exit_notice(stop, progress.step, cfg.checkpoint.checkpoint_output_dir, name))
+    return report.last or report.epoch_done
 
 
 def _evaluate(run: Run, data, progress: Progress, monitor: RunMonitor, epoch: int
