@@ -1,7 +1,7 @@
 """K-FAC step time against AdamW alone (issue 23): the overhead at factor/inverse intervals 5/50 and 1/10.
 
     .venv/bin/python benchmarks/kfac_step.py                 # the `make train` shape: config_mini, B=8, T=128
-    .venv/bin/python benchmarks/kfac_step.py --model-config config/gpt2.json --batch-size 8 --seq-len 256
+    .venv/bin/python benchmarks/kfac_step.py --model-config config/config.json --batch-size 8 --seq-len 256
     .venv/bin/python benchmarks/kfac_step.py --model-config config/config.json --seq-len 256 --components
     .venv/bin/python benchmarks/kfac_step.py --quick         # a tiny model, a few steps (the test's smoke run)
 

@@ -10,7 +10,7 @@ Two implementations share one contract:
 - the C++ op `gpt2forge::lm_head_ce` (custom_ops/lm_head_ce.cpp, CPU, OpenMP), used when the
   custom ops library is built;
 - `lm_head_ce_reference`, the same algorithm in PyTorch: the fallback (CUDA tensors, library
-  absent: one notice line) and the oracle of tests/test_lm_head_loss.py.
+  absent: one notice line) and the oracle of tests/ops/test_lm_head_loss.py.
 
 Both are wrapped in one opaque `torch.library.custom_op`, so torch.compile leaves it alone and
 autograd sees a single node whose backward is a multiplication.
