@@ -140,7 +140,7 @@ def child_train(args, variant: str) -> dict:
     from gpt2forge.model.config import ModelConfig
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
     from gpt2forge.ops.lm_head_loss import LossChunking
-    from gpt2forge.train.memory import apply_activation_checkpointing
+    from gpt2forge.train.memory_features import apply_activation_checkpointing
     from gpt2forge.train.optim import build_optimizer
 
     device = resolve_device(args.device)

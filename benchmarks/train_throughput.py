@@ -131,10 +131,10 @@ def _build_ours(args, device, precision, cfg, model):
 
     from gpt2forge.core.runtime import LossScaler, configure_host_allocator, deterministic_algorithms
     from gpt2forge.ops.fp_mode import flush_denormals
-    from gpt2forge.parallel.data_parallel import DataParallel
+    from gpt2forge.parallel.data_parallel import DataParallelStrategy
     from gpt2forge.parallel.strategy import ParallelRequest
     from gpt2forge.train.config import TrainConfig
-    from gpt2forge.train.memory import apply_memory_features
+    from gpt2forge.train.memory_features import apply_memory_features
     from gpt2forge.train.optim import build_lr_schedule, build_optimizer
     from gpt2forge.train.step import Run, train_step
 
@@ -152,7 +152,7 @@ def _build_ours(args, device, precision, cfg, model):
                                 device_type=device.type)
     scheduler = build_lr_schedule(optimizer, tcfg.optim.lr_schedule, 1_000_000, 0)
     scaler = LossScaler(precision == "fp16", tcfg.runtime.loss_scaling, tcfg.runtime.auto_loss_scaling)
-    strategy = DataParallel(model, ParallelRequest(device, compile_mode=tcfg.runtime.torch_compile,
+    strategy = DataParallelStrategy(model, ParallelRequest(device, compile_mode=tcfg.runtime.torch_compile,
                                                    batch_size=tcfg.parallel.batch_size))  # one process, compiled
     run = Run(tcfg, strategy, optimizer, scheduler, scaler, device, precision, 1)
 

@@ -2,7 +2,7 @@
 
     python data/write_into_tfrecord.py --input-file-path corpus.pkl --output-file-path tfrecords/
 
-Logic: gpt2forge/preprocess/tfrecords.py.
+Logic: gpt2forge/preprocess/tfrecord_writer.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt2forge.core.errors import cli_main  # noqa: E402
-from gpt2forge.preprocess.tfrecords import build_parser, write_into_tfrecord  # noqa: E402
+from gpt2forge.preprocess.tfrecord_writer import build_parser, write_into_tfrecord  # noqa: E402
 
 
 @cli_main

@@ -220,7 +220,7 @@ class Transformer(nn.Module):
     """Embeddings, blocks and final LayerNorm: ids (B, T) -> hidden states (B, T, C).
 
     Parts may be missing, so that a pipeline stage is this model with what it does not own removed
-    (gpt2forge.parallel.pipeline): `wte`/`wpe` None (forward then takes hidden states (B, T, C) instead
+    (gpt2forge.parallel.pipeline_stages): `wte`/`wpe` None (forward then takes hidden states (B, T, C) instead
     of ids), `h` holding a subset of the blocks (an `nn.ModuleDict` keyed by the layer index as a
     string, so the state-dict names stay `transformer.h.{i}...` whichever blocks remain), `ln_f` None
     (forward returns the last block's output). Blocks run in the order of `h`, which is layer order.

@@ -26,7 +26,7 @@ from gpt2forge.parallel.strategy import (
 )
 
 
-class DataParallel(Strategy):
+class DataParallelStrategy(Strategy):
     """One process (`env.world_size == 1`) or one DDP replica per process."""
 
     @classmethod
@@ -49,6 +49,10 @@ class DataParallel(Strategy):
     def optimizer_placement(self) -> OptimizerPlacement:
         return OptimizerPlacement(self.model, offload=self.offload,
                                   shard=self.zero == 1 and self.replica.world_size > 1)
+
+    @property
+    def whole_gradients(self) -> bool:
+        return self.processes_per_replica == 1
 
     def _gradient_sync(self, sync: bool):
         """A context in which the backward all-reduces the gradients (`sync`) or only accumulates."""

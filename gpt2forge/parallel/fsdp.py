@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.parallel.data_parallel import DataParallel
+from gpt2forge.parallel.data_parallel import DataParallelStrategy
 from gpt2forge.parallel.distributed import (
     DistEnv,
     init_single_process_group,
@@ -33,7 +33,7 @@ from gpt2forge.parallel.optimizer_state import model_group_names, to_indexed, to
 from gpt2forge.parallel.strategy import OptimizerPlacement, ParallelRequest
 
 
-class FullyShardedDataParallel(DataParallel):
+class ShardedStrategy(DataParallelStrategy):
     """One FSDP2 replica per process (`--zero-stage 2|3`; one process with `--offload full`)."""
 
     @classmethod
@@ -47,7 +47,12 @@ class FullyShardedDataParallel(DataParallel):
         return model
 
     def optimizer_placement(self) -> OptimizerPlacement:
-        return OptimizerPlacement(self.model)  # FSDP2 moves the shards and the update to the host itself
+        # With --offload FSDP2 keeps the shards on the host (CPUOffloadPolicy) and the update runs there.
+        return OptimizerPlacement(self.model, host_update=self.offload)
+
+    @property
+    def whole_gradients(self) -> bool:
+        return False  # each process holds its shards' gradients
 
     def _gradient_sync(self, sync: bool):
         self.model.set_requires_gradient_sync(sync)  # reduce-scatter once, in the last micro-batch's backward

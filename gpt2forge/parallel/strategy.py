@@ -7,10 +7,10 @@ whole model, and the strategy does what its layout needs (gradient all-reduce, r
 pipeline schedules, gathering shards or stages onto rank 0).
 
 Implementations, one file each, picked from the layout by `select_strategy`:
-- `data_parallel.DataParallel`: one process, or DDP replicas with ZeRO-0/1 (`--zero-stage 0|1`).
-- `fsdp.FullyShardedDataParallel`: FSDP2 replicas, ZeRO-2/3 (`--zero-stage 2|3`), also one process
+- `data_parallel.DataParallelStrategy`: one process, or DDP replicas with ZeRO-0/1 (`--zero-stage 0|1`).
+- `fsdp.ShardedStrategy`: FSDP2 replicas, ZeRO-2/3 (`--zero-stage 2|3`), also one process
   with `--offload full` (ZeRO-3 over a world of one, every state in host memory).
-- `pipelined.Pipelined`: pipeline stages in their own processes (`--layers-per-ipu` with stages x
+- `pipeline_strategy.PipelineStrategy`: pipeline stages in their own processes (`--layers-per-ipu` with stages x
   replicas processes), with ZeRO inside each stage across its replicas.
 
 Adding a layout (tensor parallelism, say) is one new file plus its registration: write
@@ -51,7 +51,7 @@ class ParallelRequest:
     zero: int = 0
     """Resolved ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded."""
     offload: bool = False
-    """State in host memory (train.memory.offload_to_host): under FSDP2 its CPU offload policy
+    """State in host memory (train.memory_features.offload_to_host): under FSDP2 its CPU offload policy
     (shards, gradients, update), otherwise the optimizer state and update (OffloadedOptimizer)."""
     param_dtype: torch.dtype | None = None
     """Autocast dtype of bf16/fp16 runs (FSDP2 gathers and computes in it), None for fp32."""
@@ -79,6 +79,9 @@ class OptimizerPlacement:
     """ZeRO-1: the state sharded across the replicas."""
     shard_group: dist.ProcessGroup | None = None
     """The replicas' process group for `shard` (None: all ranks)."""
+    host_update: bool = False
+    """The parameters this process updates live in host memory (FSDP2's CPU offload): the update runs
+    there, with the host optimizer kernels (gpt2forge.ops.host_optim)."""
 
 
 class MicroBatch(NamedTuple):
@@ -133,6 +136,12 @@ class Strategy(abc.ABC):
     def processes_per_replica(self) -> int:
         """Processes that hold one replica's batches (pipeline stages); 1 otherwise."""
         return 1
+
+    @property
+    def whole_gradients(self) -> bool:
+        """Every process holds the whole model's gradients, unsplit (what K-FAC's factors need): one
+        process or DDP/ZeRO-1 replicas, not stages, tensor-parallel shards or FSDP2 shards."""
+        return False
 
     @property
     def uniform_arguments(self) -> bool:
@@ -224,10 +233,10 @@ class Strategy(abc.ABC):
 
 
 REGISTRY: dict[str, str] = {
-    "tensor_parallel": "gpt2forge.parallel.tensor_parallel:TensorParallel",
-    "pipeline": "gpt2forge.parallel.pipelined:Pipelined",
-    "fsdp": "gpt2forge.parallel.fsdp:FullyShardedDataParallel",
-    "data_parallel": "gpt2forge.parallel.data_parallel:DataParallel",
+    "tensor_parallel": "gpt2forge.parallel.tensor_parallel:TensorParallelStrategy",
+    "pipeline": "gpt2forge.parallel.pipeline_strategy:PipelineStrategy",
+    "fsdp": "gpt2forge.parallel.fsdp:ShardedStrategy",
+    "data_parallel": "gpt2forge.parallel.data_parallel:DataParallelStrategy",
 }
 """Strategy name -> "module:Class", most specific first: the first that applies is taken."""
 

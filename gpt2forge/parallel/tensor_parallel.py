@@ -20,9 +20,9 @@ replica x N + tp rank); the replicas average their gradients with one flat all-r
 Dropout follows Megatron's model-parallel random-number tracker: see `TensorParallelRNG`.
 
 Pipeline stages in their own processes compose with it (`--layers-per-ipu` with stages x N x
-replicas processes): gpt2forge.parallel.pipeline shards each stage over its tensor-parallel group
+replicas processes): gpt2forge.parallel.pipeline_stages shards each stage over its tensor-parallel group
 with `parallelize_stage` (the same plan, on the parts the stage holds; the last stage's LM-head
-copy split by vocabulary rows and scored by `VocabParallelHead`); the `TensorParallel` strategy
+copy split by vocabulary rows and scored by `VocabParallelHead`); `TensorParallelStrategy`
 here runs the layouts whose stages are co-located.
 """
 
@@ -62,7 +62,7 @@ from gpt2forge.parallel.strategy import (
 from gpt2forge.parallel.topology import check_tensor_parallel
 
 
-class TensorParallel(Strategy):
+class TensorParallelStrategy(Strategy):
     """This process's tensor-parallel share of one replica (`--tensor-model-parallel-size N > 1`)."""
 
     @classmethod
@@ -317,7 +317,7 @@ def parallelize(model: GPT2LMHeadModel, mesh: DeviceMesh, sequence_parallel: boo
 
 
 def parallelize_stage(stage: GPT2LMHeadModel, mesh: DeviceMesh, sequence_parallel: bool) -> dict[int, torch.Tensor]:
-    """`parallelize` for a pipeline stage (gpt2forge.parallel.pipeline.stage_model): its parts
+    """`parallelize` for a pipeline stage (gpt2forge.parallel.pipeline_stages.stage_model): its parts
     sharded as in the whole model; the last stage's LM head (`stage.head`) split by vocabulary rows
     like the embedding (its copy of it, or the embedding itself when the stage holds both) and
     scored by `VocabParallelHead`. Returns what `parallelize` returns."""

@@ -2,7 +2,7 @@
 
 `--layers-per-ipu 0 4 4 4` is data: stage 0 holds the embeddings (and, tied to them, the LM head),
 entry i says how many blocks stage i holds. Launched with stages x k processes, each stage runs in
-its own process (gpt2forge.parallel.pipeline) and k replicas run data-parallel; with fewer processes the
+its own process (gpt2forge.parallel.pipeline_stages) and k replicas run data-parallel; with fewer processes the
 stages run co-located in one process (same math). Data-parallel replicas that have no process of
 their own become extra gradient accumulation (same global batch, same math).
 
@@ -11,7 +11,7 @@ processes (gpt2forge.parallel.tensor_parallel); the processes of the job are the
 replicas x N, with the N tensor-parallel ranks of a replica adjacent (rank = replica x N + tp rank).
 With pipeline stages in their own processes too (stages x replicas x N processes), each stage is
 split over N processes, `tp` still innermost: rank = (replica x stages + stage) x N + tp rank
-(one mesh ("dp", "pp", "tp"), gpt2forge.parallel.pipeline).
+(one mesh ("dp", "pp", "tp"), gpt2forge.parallel.pipeline_stages).
 """
 
 from __future__ import annotations
@@ -167,10 +167,10 @@ def check_tensor_parallel(tp: int, n_head: int, padded_vocab: int, world_size: i
                          "of each")
 
 
-def report_layout(layout: Layout, cfg: ParallelArgs, async_dataloader: bool = False) -> int:
-    """Print the stage map and the notices for co-located stages / missing replicas / no-op flags
-    (`async_dataloader` is the data section's --async-dataloader, one of them).
-    Returns the gradient accumulation this process must run to keep the global batch."""
+def report_layout(layout: Layout, cfg: ParallelArgs, accumulation: int, async_dataloader: bool = False) -> None:
+    """Print the stage map and the notices for co-located stages / missing replicas folded into
+    `accumulation` (folded_accumulation's) / no-op flags (`async_dataloader` is the data section's
+    --async-dataloader, one of them)."""
     if layout.stages > 1:
         log.banner("Device Allocation")
         for line in layout.stage_map():
@@ -179,14 +179,12 @@ def report_layout(layout: Layout, cfg: ParallelArgs, async_dataloader: bool = Fa
             log.notice(f"{layout.stages} pipeline stages run co-located in each of the {layout.world_size} "
                        f"process(es) (same math, no pipelining; launch {layout.stages} x replicas processes "
                        "to pipeline)")
-    accumulation = folded_accumulation(layout, cfg)
     if layout.replicas > layout.data_parallel:
         factor = accumulation // cfg.gradient_accumulation
         log.notice(f"--replication-factor {layout.replicas} with {layout.data_parallel} data-parallel process(es): "
                    f"gradient accumulation {cfg.gradient_accumulation} x {factor} = {accumulation} keeps the "
                    f"global batch of {cfg.samples_per_update} sequences")
     _ipu_only_notices(cfg, layout.world_size, async_dataloader)
-    return accumulation
 
 
 def _ipu_only_notices(cfg: ParallelArgs, world_size: int, async_dataloader: bool) -> None:

@@ -16,7 +16,7 @@ Megatron mmap).
 - `megatron`: loose JSON -> `<prefix>_text_document.{bin,idx}` and merging (gpt2forge.data.indexed).
 - `recipe`: what an indexed dataset was made from (input identity, tokenizer), kept beside it.
 - `wikipedia`: WikiExtractor output -> `.pkl`; OpenWebText tarballs -> loose JSON.
-- `tfrecords`: pickle or mmap -> TFRecord shards + `.index` files.
+- `tfrecord_writer`: pickle or mmap -> TFRecord shards + `.index` files.
 - `bpe`: training a byte-level BPE tokenizer on any corpus.
 - `describe`: a summary of any data file (data/inspect_data.py).
 

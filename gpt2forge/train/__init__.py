@@ -1,5 +1,5 @@
 """Training: the run's configuration (`config`; the command lines that build one are
-gpt2forge.frontends), the model a run starts from (`model_setup`), memory features (`memory`),
+gpt2forge.frontends), the model a run starts from (`model_setup`), memory features (`memory_features`),
 optimizers (`optim`), learning-rate schedules (`schedule`), one update (`step`), checkpoints and
 resuming (`state`), exit signals (`signals`), metrics and observers (`metrics`, `observe`) and the
 loop (`trainer`).

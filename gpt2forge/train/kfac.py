@@ -50,7 +50,6 @@ from torch import nn
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
-from gpt2forge.parallel.data_parallel import DataParallel
 from gpt2forge.parallel.strategy import Strategy
 from gpt2forge.train.config import KfacArgs
 
@@ -321,7 +320,7 @@ def build_preconditioner(args: KfacArgs, strategy: Strategy) -> KfacPrecondition
     gradients are not whole in every process (pipeline stages, FSDP2)."""
     if not args.kfac:
         return None
-    if not isinstance(strategy, DataParallel) or strategy.processes_per_replica != 1:
+    if not strategy.whole_gradients:
         raise UsageError("--kfac needs whole gradients in every process: one process or DDP/ZeRO-1 replicas, not "
                          "pipeline stages (--layers-per-ipu), tensor parallelism or FSDP2 (--zero-stage 2|3, "
                          "--offload full)")

@@ -68,6 +68,7 @@ def build_optimizer(
     offload: bool = False,
     shard: bool = False,
     shard_group=None,
+    host_update: bool = False,
 ) -> torch.optim.Optimizer:
     """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`.
 
@@ -83,6 +84,8 @@ def build_optimizer(
         offload: keep the state and run the update in host memory (`OffloadedOptimizer`).
         shard: shard the state across the data-parallel ranks (ZeRO-1, needs torch.distributed).
         shard_group: the process group of those ranks (default: all ranks).
+        host_update: the parameters live in host memory (FSDP2's CPU offload, the strategy's
+            `OptimizerPlacement.host_update`): the update runs there with the host kernels.
 
     Raises:
         UsageError: unknown `name`, negative `lr` or `weight_decay`.
@@ -114,38 +117,12 @@ def build_optimizer(
         """The optimizer of the parameters this process updates (ZeRO-1 passes its shard's groups)."""
         if offload:
             return OffloadedOptimizer(groups, lambda host_groups: make(host_groups, "cpu", on_host=True))
-        return make(groups, device_type, on_host=_fsdp_offloaded(model))
+        return make(groups, device_type, on_host=host_update)
 
     groups = param_groups(model, weight_decay)
     if shard:  # ZeRO-1: each replica keeps and updates the state of its shard only (on the host with offload)
         return _zero1(groups, local, shard_group, hyper)
     return local(groups)
-
-
-def _fsdp_offloaded(model: torch.nn.Module) -> bool:
-    """Whether FSDP2 keeps `model`'s shards on the host (CPUOffloadPolicy): the update then runs there.
-
-    FSDP2 keeps the policy in private state (`FSDPModule._get_fsdp_state()`, torch 2.11-2.13). A torch
-    without it gets the public sign instead: a shard held on the CPU while its mesh is an accelerator's.
-    That answers the same wherever there is a GPU; on a CPU mesh the shards are on the host either way,
-    so offloaded runs there keep torch's optimizer (the same update, without the host kernels)."""
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule  # why: only FSDP2 runs need it
-    from torch.distributed.tensor import DTensor
-
-    for module in model.modules():
-        if not isinstance(module, FSDPModule):
-            continue
-        fsdp_state = getattr(module, "_get_fsdp_state", None)
-        if fsdp_state is not None:
-            group = getattr(fsdp_state(), "_fsdp_param_group", None)  # None: a module without params
-            if group is not None and isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy):
-                return True
-        elif any(isinstance(p, DTensor) and p.device_mesh.device_type != "cpu" and p.to_local().device.type == "cpu"
-                 for p in module.parameters()):
-            return True
-    return False
 
 
 def _zero1(groups: list[dict], local, group, hyper: dict) -> torch.optim.Optimizer:

@@ -56,11 +56,11 @@ from gpt2forge.parallel.memory_plan import (
     run_plan,
 )
 from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strategy
-from gpt2forge.parallel.topology import Layout, build_layout, report_layout, stages_of
+from gpt2forge.parallel.topology import Layout, build_layout, folded_accumulation, report_layout, stages_of
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.kfac import build_preconditioner
 from gpt2forge.train.log_lines import StepReport, step_line, validation_lines
-from gpt2forge.train.memory import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
+from gpt2forge.train.memory_features import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
 from gpt2forge.train.model_setup import build_model, check_step_fits_host, maybe_sample, resolve_model_config
 from gpt2forge.train.observe import RunMonitor
@@ -261,7 +261,8 @@ def _set_up(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str
     configure_matmul(device, precision, cfg.runtime.enable_half_partials)
     model, ckpt_dir = build_model(cfg, device, shape)
     layout = build_layout(cfg.parallel, model.config.n_layer, env.world_size)
-    accumulation = report_layout(layout, cfg.parallel, cfg.data.async_dataloader)
+    accumulation = folded_accumulation(layout, cfg.parallel)  # replicas without a process fold into accumulation
+    report_layout(layout, cfg.parallel, accumulation, cfg.data.async_dataloader)
     return Setup(cfg, env, device, precision, model, ckpt_dir, layout, accumulation, zero)
 
 
@@ -402,7 +403,7 @@ def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device)
     return build_optimizer(placement.module, optim.optimizer, optim.learning_rate, optim.weight_decay,
                            betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps,
                            device_type=device.type, offload=placement.offload, shard=placement.shard,
-                           shard_group=placement.shard_group)
+                           shard_group=placement.shard_group, host_update=placement.host_update)
 
 
 def _loop(loop: Loop) -> tuple[float, float, int] | None:

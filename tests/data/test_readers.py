@@ -410,7 +410,7 @@ def test_pickle_tfrecord_mmap_decode_to_identical_token_streams(tmp_path):
     assert from_pickle == from_mmap == from_tfrecord == docs
     # data/write_into_tfrecord.py (whole documents: --seq-length 0) from the pickle and from the mmap
     # files: the same records, and every document exactly once.
-    tool = pytest.importorskip("gpt2forge.preprocess.tfrecords")
+    tool = pytest.importorskip("gpt2forge.preprocess.tfrecord_writer")
     written = []
     for name, source_path in (("from_pkl", str(pkl)), ("from_mmap", prefix)):
         args = tool.build_parser().parse_args(["--input-file-path", source_path, "--output-file-path",

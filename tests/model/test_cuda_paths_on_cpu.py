@@ -10,7 +10,7 @@ from test_model import ours  # non-trivial biases and LayerNorms
 import gpt2forge.model.gpt2 as gpt2
 from gpt2forge.core.capability import forced
 from gpt2forge.model.documents import document_layout, flex_available
-from gpt2forge.train.memory import apply_activation_checkpointing, checkpointed_layers
+from gpt2forge.train.memory_features import apply_activation_checkpointing, checkpointed_layers
 
 needs_flex = pytest.mark.skipif(not flex_available(), reason=f"torch {torch.__version__} has no FlexAttention")
 

@@ -262,6 +262,8 @@ def test_offloaded_bf16_parameters_get_the_copy_written_by_the_op(kernel):
 
 
 def test_fsdp2_cpu_offloaded_shards_use_the_op(kernel):
+    """FSDP2 with CPU offload: the strategy's placement says the update runs on the host
+    (OptimizerPlacement.host_update), and the host kernel updates the shards as torch's AdamW would."""
     import torch.distributed as dist
 
     from gpt2forge.parallel.distributed import shard_model  # why: the parallel layer is above ops
@@ -272,37 +274,15 @@ def test_fsdp2_cpu_offloaded_shards_use_the_op(kernel):
     try:
         model, plain_model = tiny_model(), tiny_model()
         shard_model(model, 3, offload=True, device=torch.device("cpu"))
-        opt = build_optimizer(model, "AdamW", 1e-2, 0.1)
+        opt = build_optimizer(model, "AdamW", 1e-2, 0.1, host_update=True)
         assert type(opt) is host_optim.HostAdamW
+        assert type(build_optimizer(model, "AdamW", 1e-2, 0.1)) is torch.optim.AdamW  # not on the host: torch's
         plain = build_optimizer(plain_model, "AdamW", 1e-2, 0.1)
         train(model, opt)
         train(plain_model, plain)
         assert kernel["adamw"] > 0
         for (key, p), q in zip(model.named_parameters(), plain_model.parameters()):
             torch.testing.assert_close(p.full_tensor(), q, rtol=1e-5, atol=1e-6, msg=key)
-    finally:
-        dist.destroy_process_group()
-
-
-def test_fsdp2_offload_without_the_private_state_reads_the_shards(kernel, monkeypatch):
-    """A torch whose FSDPModule lacks _get_fsdp_state: the shards' placement decides, and on a CPU mesh
-    (shards on the host with or without offload) that keeps torch's optimizer."""
-    import torch.distributed as dist
-
-    from gpt2forge.parallel.distributed import shard_model  # why: the parallel layer is above ops
-
-    if not dist.is_available():
-        pytest.skip("torch built without torch.distributed")
-    from torch.distributed.fsdp import FSDPModule
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        model = tiny_model()
-        shard_model(model, 3, offload=True, device=torch.device("cpu"))
-        assert type(build_optimizer(model, "AdamW", 1e-2, 0.1)) is host_optim.HostAdamW  # the private state
-        with monkeypatch.context() as patch:
-            patch.delattr(FSDPModule, "_get_fsdp_state")
-            assert type(build_optimizer(model, "AdamW", 1e-2, 0.1)) is torch.optim.AdamW
     finally:
         dist.destroy_process_group()
 

@@ -17,7 +17,7 @@ from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.ops import library as custom_ops
 from gpt2forge.ops.lm_head_loss import LossChunking, fused_lm_head_loss, lm_head_ce_reference
 from gpt2forge.parallel.optimizer_state import named_state
-from gpt2forge.train.memory import apply_activation_checkpointing, checkpointed_layers, lm_loss_chunking
+from gpt2forge.train.memory_features import apply_activation_checkpointing, checkpointed_layers, lm_loss_chunking
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 
 HAVE_KERNEL = custom_ops.load_custom_ops() and hasattr(torch.ops.gpt2forge, "lm_head_ce")

@@ -2,6 +2,7 @@
 against the plain model (CPU, no process group)."""
 
 import inspect
+import types
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 from gpt2forge.core.errors import UsageError
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.parallel.data_parallel import DataParallel
+from gpt2forge.parallel.data_parallel import DataParallelStrategy
 from gpt2forge.parallel.distributed import DistEnv
 from gpt2forge.parallel.strategy import (
     REGISTRY,
@@ -72,7 +73,7 @@ def test_single_process_matches_the_model():
     reference = GPT2LMHeadModel(cfg)
     reference.load_state_dict(model.state_dict())
     strategy = build_strategy(model, ParallelRequest(CPU, batch_size=2))
-    assert isinstance(strategy, DataParallel) and strategy.processes_per_replica == 1
+    assert isinstance(strategy, DataParallelStrategy) and strategy.processes_per_replica == 1
     assert strategy.optimizer_placement().module is model and not strategy.optimizer_placement().shard
     ids = torch.randint(0, 67, (2, 2, 13), generator=torch.Generator().manual_seed(1))
     pairs = [(b[:, :-1], b[:, 1:]) for b in ids]
@@ -126,3 +127,12 @@ def test_host_clipping_of_non_finite_gradients_follows_torch():
         dp.clip_host_grads(grads, 1.0)
         for g, p in zip(grads, theirs):
             torch.testing.assert_close(g, p.grad, equal_nan=True)
+
+
+def test_fsdp2_placement_runs_the_update_on_the_host_exactly_when_its_shards_are_offloaded():
+    from gpt2forge.parallel.fsdp import ShardedStrategy  # why: only this test needs the FSDP2 strategy
+
+    for offload in (False, True):
+        placement = ShardedStrategy.optimizer_placement(types.SimpleNamespace(model=torch.nn.Linear(2, 2),
+                                                                              offload=offload))
+        assert placement.host_update is offload and not placement.offload and not placement.shard

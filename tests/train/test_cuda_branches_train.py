@@ -12,7 +12,7 @@ import gpt2forge.train.trainer as trainer
 from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.parallel.distributed import DistEnv
 from gpt2forge.parallel.memory_plan import MemoryArgs
-from gpt2forge.train.memory import offload_to_host, peak_memory_bytes, reset_peak_memory
+from gpt2forge.train.memory_features import offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.optim import OffloadedOptimizer, build_optimizer
 from gpt2forge.train.state import Progress, restore_rng_state, rng_state, set_rng_state
 

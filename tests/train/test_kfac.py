@@ -4,6 +4,7 @@ run learns and resumes exactly, and layouts with split gradients are refused in 
 
 import math
 import re
+import types
 
 import pytest
 import torch
@@ -12,6 +13,10 @@ from torch.func import functional_call, grad, vmap
 
 from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
+from gpt2forge.parallel.data_parallel import DataParallelStrategy
+from gpt2forge.parallel.fsdp import ShardedStrategy
+from gpt2forge.parallel.pipeline_strategy import PipelineStrategy
+from gpt2forge.parallel.tensor_parallel import TensorParallelStrategy
 from gpt2forge.train.config import KfacArgs
 from gpt2forge.train.kfac import GRAM_BLOCK, KfacPreconditioner, build_preconditioner, gram
 
@@ -186,13 +191,21 @@ def test_kfac_changes_the_updates(make_tiny_config, tmp_path, capsys):
 
 
 def test_layouts_with_split_gradients_are_refused_in_one_line():
-    class Sharded:  # any strategy other than DataParallel (FSDP2, pipeline stages)
-        pass
+    class Sharded:  # a strategy whose processes hold parts of the gradients (FSDP2, pipeline stages)
+        whole_gradients = False
 
     with pytest.raises(UsageError) as err:
         build_preconditioner(KfacArgs(kfac=True), Sharded())
     assert "\n" not in str(err.value) and "FSDP2" in str(err.value) and "pipeline" in str(err.value)
     assert build_preconditioner(KfacArgs(), Sharded()) is None
+
+
+def test_only_unsplit_strategies_say_their_gradients_are_whole():
+    whole = {name: cls.whole_gradients.fget(types.SimpleNamespace(processes_per_replica=1))
+             for name, cls in ((c.__name__, c) for c in (DataParallelStrategy, ShardedStrategy, PipelineStrategy,
+                                                         TensorParallelStrategy))}
+    assert whole == {"DataParallelStrategy": True, "ShardedStrategy": False, "PipelineStrategy": False,
+                     "TensorParallelStrategy": False}
 
 
 @pytest.mark.parametrize("flags, problem", [

@@ -1,4 +1,4 @@
-"""Pipeline stages in their own processes (gpt2forge.parallel.pipeline.Pipeline), replicas of
+"""Pipeline stages in their own processes (gpt2forge.parallel.pipeline_stages.Pipeline), replicas of
 each stage data-parallel, with ZeRO-1 (optimizer state) or FSDP2 (ZeRO-2/3) inside each stage
 across its replicas, or tensor parallelism inside each stage (`--tensor-model-parallel-size`,
 without ZeRO: stages x replicas x tp processes, see pipeline's grid).
@@ -20,12 +20,12 @@ from gpt2forge.core.runtime import compile_enabled
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum, full_tensor, local_tensor
 from gpt2forge.parallel.health import Watchdog
-from gpt2forge.parallel.pipeline import Grid, Pipeline
+from gpt2forge.parallel.pipeline_stages import Grid, Pipeline
 from gpt2forge.parallel.strategy import MicroBatch, OptimizerPlacement, ParallelRequest, Strategy, as_micro_batch
 from gpt2forge.parallel.tensor_parallel import check_request
 
 
-class Pipelined(Strategy):
+class PipelineStrategy(Strategy):
     """This process's stage of one replica's pipeline."""
 
     @classmethod
