@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 
 import torch
 
+from gpt2forge.core import log
 from gpt2forge.core.capability import capabilities
 from gpt2forge.core.runtime import synchronize
 from gpt2forge.generate.fused_step import FusedDecodeStep
@@ -35,6 +36,7 @@ from gpt2forge.generate.gemv import (
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.text.tokenizer import load_tokenizer
 
 # on_token(step, ids of every row this step (B,), finished flags after this step (B,))
 TokenCallback = Callable[[int, list[int], list[bool]], None]
@@ -351,3 +353,19 @@ def sample(model: GPT2LMHeadModel, prompt_ids: list[int], new_tokens: int, tempe
         return gen.generate([prompt], new_tokens, sampling, stop, generator).tokens[0]
     finally:
         model.train(was_training)
+
+
+def print_sample(model: GPT2LMHeadModel, tokenizer_dir: str | None, prompt: str, new_tokens: int, seed: int) -> None:
+    """Print `new_tokens` tokens drawn after `prompt` (the sample after training, --sample-tokens), on
+    rank 0, when the model's vocabulary is the tokenizer's (`tokenizer_dir`; None: GPT-2's BPE)."""
+    if new_tokens <= 0 or log.rank() != 0:
+        return
+    tok = load_tokenizer(tokenizer_dir)
+    if model.config.vocab_size != tok.vocab_size:
+        log.notice(f"no sample: the model's vocabulary ({model.config.vocab_size}) is not the tokenizer's "
+                   f"({tok.vocab_size})")
+        return
+    prompt_ids = tok.encode(prompt) or [tok.eot_id]
+    ids = sample(model, prompt_ids, new_tokens, generator=torch.Generator().manual_seed(seed), stop_id=None)
+    log.banner("Sample")
+    log.info(tok.decode(prompt_ids + ids))

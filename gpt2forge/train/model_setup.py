@@ -21,7 +21,6 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.runtime import GiB, available_host_memory
-from gpt2forge.generate.generator import sample
 from gpt2forge.model.checkpoint import load_model, load_model_config, resolve_checkpoint_dir
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -168,18 +167,3 @@ def build_model(cfg: TrainConfig, device: torch.device,
             log.info("fine-tuning: a new optimizer, LR schedule and step count (--resume-training-from-checkpoint "
                      "continues the checkpoint's own)")
     return model.to(device), ckpt
-
-
-def maybe_sample(cfg: TrainConfig, model: GPT2LMHeadModel, device: torch.device) -> None:
-    """Print --sample-tokens generated tokens after training (GPT-2 vocabulary models only)."""
-    if cfg.eval.sample_tokens <= 0 or log.rank() != 0:
-        return
-    tok = load_tokenizer(cfg.data.tokenizer_name_or_path)
-    if model.config.vocab_size != tok.vocab_size:
-        log.notice(f"no sample: the model's vocabulary ({model.config.vocab_size}) is not the GPT-2 BPE's")
-        return
-    prompt = tok.encode(cfg.eval.sample_prompt) or [tok.eot_id]
-    gen = torch.Generator().manual_seed(cfg.data.seed)
-    ids = sample(model, prompt, cfg.eval.sample_tokens, generator=gen, stop_id=None)
-    log.banner("Sample")
-    log.info(tok.decode(prompt + ids))

@@ -33,6 +33,7 @@ from gpt2forge.core.runtime import (
 )
 from gpt2forge.data import DataRequest, DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.evaluation.quick import QuickEval
+from gpt2forge.generate.generator import print_sample
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.ops.fp_mode import denormals_flushed
 from gpt2forge.parallel.distributed import (
@@ -62,7 +63,7 @@ from gpt2forge.train.kfac import build_preconditioner
 from gpt2forge.train.log_lines import StepReport, step_line, validation_lines
 from gpt2forge.train.memory_features import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics import StepMeter, device_peak
-from gpt2forge.train.model_setup import build_model, check_step_fits_host, maybe_sample, resolve_model_config
+from gpt2forge.train.model_setup import build_model, check_step_fits_host, resolve_model_config
 from gpt2forge.train.observe import RunMonitor
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
@@ -292,7 +293,8 @@ def _train(s: Setup) -> int:
         if cfg.checkpoint.final_model_dir:
             export_final(loop.run, cfg.checkpoint.final_model_dir, {"perplexity": last_val[1]} if last_val else {})
         if cfg.eval.sample_tokens:
-            maybe_sample(cfg, whole_model(loop.run), s.device)
+            print_sample(whole_model(loop.run), cfg.data.tokenizer_name_or_path, cfg.eval.sample_prompt,
+                         cfg.eval.sample_tokens, cfg.data.seed)
     return 0
 
 
