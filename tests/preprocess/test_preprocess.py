@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.data.indexed import IndexedDataset, IndexedWriter, best_dtype
-from gpt2forge.preprocess import megatron, tfrecords, wikipedia
+from gpt2forge.preprocess import megatron, tfrecord_writer, wikipedia
 from gpt2forge.preprocess.describe import build_parser as inspect_parser
 from gpt2forge.preprocess.describe import describe, inspect_main
 from gpt2forge.text import vocab
@@ -298,7 +298,7 @@ def test_tfrecord_shards_indexes_and_identity(tmp_path):
     # lengths 299, 39, 128, 4: 2 full windows (tail 43 < 64 dropped), 0, 1, 0
     for seq, expect in ((0, 4), (128, 3)):
         out = tmp_path / f"tf{seq}"
-        n = tfrecords.write_into_tfrecord(tfrecords.build_parser().parse_args([
+        n = tfrecord_writer.write_into_tfrecord(tfrecord_writer.build_parser().parse_args([
             "--input-file-path", str(pkl), "--output-file-path", str(out), "--seq-length", str(seq),
             "--num-output", "3"]))
         assert n == expect
@@ -308,10 +308,10 @@ def test_tfrecord_shards_indexes_and_identity(tmp_path):
     records = [r["input_ids"].tolist() for i in range(3) for r in tfrecord_loader(
         str(tmp_path / "tf0" / f"data_{i}.tfrecord"), None, ["input_ids"])]
     assert sorted(records) == sorted(docs)  # lossless with --seq-length 0
-    assert list(tfrecords.windows(np.arange(300), 128, 128))[-1].tolist() == list(range(128, 256))
-    assert tfrecords.is_complete(tmp_path / "tf0", 3)
+    assert list(tfrecord_writer.windows(np.arange(300), 128, 128))[-1].tolist() == list(range(128, 256))
+    assert tfrecord_writer.is_complete(tmp_path / "tf0", 3)
     (tmp_path / "tf0" / "data_2.index").unlink()
-    assert not tfrecords.is_complete(tmp_path / "tf0", 3)
+    assert not tfrecord_writer.is_complete(tmp_path / "tf0", 3)
 
 
 @needs_vocab
@@ -397,7 +397,7 @@ def test_seed_readme_commands_run_as_written(tmp_path, monkeypatch, capsys):
     _script(f"python {REPO}/data/write_into_tfrecord.py", pre, monkeypatch, capsys)
     _run("for f in *.tfrecord; do python3 -m tfrecord.tools.tfrecord2idx $f "
          "`basename $f .tfrecord`.index; done", pre / "tfrecords")
-    assert tfrecords.is_complete(pre / "tfrecords", 4)
+    assert tfrecord_writer.is_complete(pre / "tfrecords", 4)
     out = _script("python data/inspect_data.py data_0.tfrecord", pre / "tfrecords", monkeypatch, capsys)
     assert "format: TFRecord (feature input_ids, index present)" in out
 
@@ -463,7 +463,7 @@ def test_same_corpus_same_tokens_in_every_format(tmp_path):
     from_pkl = sorted(pickle.loads((tmp_path / wikipedia.PKL_NAME).read_bytes()))
     assert from_mmap == from_pkl and len(from_pkl) == len(texts)
     for name, src in (("tf_m", tmp_path / "m_text_document"), ("tf_p", tmp_path / wikipedia.PKL_NAME)):
-        tfrecords.write_into_tfrecord(tfrecords.build_parser().parse_args([
+        tfrecord_writer.write_into_tfrecord(tfrecord_writer.build_parser().parse_args([
             "--input-file-path", str(src), "--output-file-path", str(tmp_path / name),
             "--seq-length", "0", "--num-output", "2"]))
         records = sorted(r["input_ids"].tolist() for i in range(2) for r in tfrecord_loader(
