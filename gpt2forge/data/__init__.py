@@ -1,11 +1,13 @@
 """Training data: one reader per on-disk format behind one interface, and the registry that picks it.
 
-Owns the reader contract (`contract`: `DataRequest` in, `DatasetSplit` out, items of ``max_len + 1``
-token ids, the `ShardedStream` base and the `EpochOrdered` hook), the readers (`generated`,
-`pickled` with `safe_pickle`, `mmap` over the Megatron `indexed` format, `tfrecord`, `rawtext` for
-``jsonl`` and ``text`` with its tokenized `text_cache` and the prompt/completion records of
-`completion`, `hf_datasets` for ``hf``: Hugging Face ``datasets`` data (opened by `hf_sources`)
-grouped into blocks as transformers' run_clm) and the registry `DATASETS` with `load_datasets`.
+Owns the data flags (`args`: the `DataArgs` section of the run's configuration and the
+`data_request` built from it), the reader contract (`contract`: `DataRequest` in, `DatasetSplit`
+out, items of ``max_len + 1`` token ids, the `ShardedStream` base and the `EpochOrdered` hook), the
+readers (`generated`, `pickled` with `safe_pickle`, `mmap` over the Megatron `indexed` format,
+`tfrecord`, `rawtext` for ``jsonl`` and ``text`` with its tokenized `text_cache` and the
+prompt/completion records of `completion`, `hf_datasets` for ``hf``: Hugging Face ``datasets`` data
+(opened by `hf_sources`) grouped into blocks as transformers' run_clm) and the registry `DATASETS`
+with `load_datasets`.
 
 Adding a format: write ``gpt2forge/data/<format>.py`` with a ``load(req)`` function honouring
 the contract (import it from ``gpt2forge.data.contract``), and add one entry to ``DATASETS``.

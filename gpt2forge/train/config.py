@@ -8,7 +8,7 @@ The resolved config is saved flat (`to_dict`) as `train_config.json` next to eve
 Sections (attribute: class): arch: ModelArgs, data: DataArgs, optim: OptimizerArgs, kfac: KfacArgs,
 runtime: RuntimeArgs, memory: MemoryArgs, parallel: ParallelArgs, checkpoint: CheckpointArgs, logging:
 LoggingArgs, eval: EvalArgs. The sections that packages below train/ consume are defined there
-(ParallelArgs in parallel/topology.py, MemoryArgs in parallel/memory_plan.py).
+(DataArgs in data/args.py, ParallelArgs in parallel/topology.py, MemoryArgs in parallel/memory_plan.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import attribute_docs, flag, opt, positive
-from gpt2forge.data.contract import WINDOWS
+from gpt2forge.data.args import DataArgs
 from gpt2forge.parallel.memory_plan import MemoryArgs
 from gpt2forge.parallel.topology import ParallelArgs
 
@@ -65,107 +65,6 @@ class ModelArgs:
         problems += [f"--{flag(name)} must be in [0, 1) (got {value})"
                      for name in ("hidden_dropout", "attention_dropout")
                      if (value := getattr(self, name)) is not None and not 0 <= value < 1]
-        collect(problems)
-
-
-@dataclasses.dataclass
-class DataArgs:
-    """Data: source, files, tokenizer, splits, loading and the seed."""
-
-    dataset: str | None = opt(None, choices=("generated", "pickle", "tfrecord", "mmap", "jsonl", "text", "hf"))
-    """Data source: generated | pickle | tfrecord | mmap | jsonl | text | hf (old: --train-path
-    generated|<file.pkl>|tfrecord|dynamic); hf: a Hugging Face `datasets` dataset or .txt/.json/.jsonl/.csv files read
-    through the `datasets` library, each record tokenized, concatenated and cut into blocks of --max-len tokens
-    (run_clm's group_texts)"""
-    input_files: list[str] | None = opt(None, "--data-prefix", "--tfrecord-path", "--data-path", kind="list_str")
-    """Data files: the .pkl for pickle, 'DIR/*.tfrecord' (with their .index files) for tfrecord, PREFIX of
-    PREFIX.bin/.idx for mmap, or a weighted blend 'W1 PREFIX1 W2 PREFIX2 ...' (Megatron's --data-path); files or globs
-    for jsonl and text; for hf a datasets folder (save_to_disk, or data files), a dataset name in the local datasets
-    cache, or .txt/.json/.jsonl/.csv files or globs (run_clm's --train_file)"""
-    train_data_path: list[str] | None = opt(None, kind="list_str")
-    """(new) mmap: training data alone ('[W1] PREFIX1 ...'), with --valid-data-path and --test-data-path instead of
-    --split (Megatron's)"""
-    valid_data_path: list[str] | None = opt(None, kind="list_str")
-    """(new) mmap: validation data ('[W1] PREFIX1 ...'); jsonl and text: validation files, the --input-files still split
-    by --split (seed 001's Megatron --valid-data; mmap with --input-files too); hf: validation files of the
-    --input-files kind (run_clm's --validation_file)"""
-    test_data_path: list[str] | None = opt(None, kind="list_str")
-    """(new) mmap: test data ('[W1] PREFIX1 ...'); jsonl and text: test files, the --input-files still split by --split;
-    evaluated at the end of training."""
-    json_key: str = opt("text")
-    """(new) jsonl: the key holding each document's text (Megatron's --json-keys); hf: the text column (when the data
-    has no such column and this is `text`: the first column, as run_clm)"""
-    data_cache_dir: str | None = opt(None)
-    """(new) jsonl, text and hf: where the tokenized cache (.bin/.idx; hf: .npy blocks) and its manifest are written
-    (default: a .gpt2forge_cache folder beside the first input file or the dataset folder; hf dataset names: in the
-    datasets cache)"""
-    dataset_config_name: str | None = opt(None)
-    """(new) hf: the dataset's configuration name (run_clm's --dataset_config_name)"""
-    validation_split_percentage: int = opt(5)
-    """(new) hf with no validation split or --valid-data-path: the first N percent of the training records are the
-    validation set, the rest train (run_clm's; 0: no validation)"""
-    keep_linebreaks: bool = opt(True, kind="bool")
-    """(new) hf: .txt records keep each line's newline (run_clm_no_trainer's default; --keep-linebreaks False is its
-    --no_keep_linebreaks)"""
-    preprocessing_workers: int | None = opt(None)
-    """(new) hf: processes tokenizing (run_clm's --preprocessing_num_workers; default: this process); as in run_clm it
-    changes the blocks, since each worker drops its batches' remainders."""
-    overwrite_cache: bool = opt(False, kind="bool")
-    """(new) hf: rebuild the tokenized blocks even when cached (run_clm's --overwrite_cache)"""
-    loss_on: str = opt("all", choices=("all", "completion"))
-    """(new) which tokens carry loss: all | completion (prompt/completion JSONL: prompt tokens are masked)"""
-    reset_position_ids: bool = opt(False, kind="bool")
-    """(new) positions restart at 0 after each end-of-document token (Megatron's)"""
-    reset_attention_mask: bool = opt(False, kind="bool")
-    """(new) a token attends only within its own document of a packed sample (block-causal mask; Megatron's)"""
-    eod_mask_loss: bool = opt(False, kind="bool")
-    """(new) no loss where the input token is end-of-document, i.e. on the next document's first token (Megatron's)"""
-    tokenizer_name_or_path: str | None = opt(None)
-    """(new) local tokenizer folder the data was made with (data/train_tokenizer.py output: tokenizer.json, or
-    vocab.json + merges.txt); a fresh model takes its vocab_size and checkpoints ship its files; default: GPT-2's
-    BPE."""
-    stride: int = opt(128)
-    """Pickle: sliding-window stride in tokens."""
-    val_num: int = opt(0)
-    """Pickle: windows held out for validation (evaluated after each epoch)"""
-    windows: str = opt("document", choices=WINDOWS)
-    """(new) pickle: how training windows are drawn: document (the reference's: per document, overlapping tail, short
-    documents padded) | packed (documents end to end, cut every --stride tokens, as Megatron) | random (uniform starts
-    in that stream each epoch, as nanoGPT); validation windows are the same in all three."""
-    split: str = opt("969,30,1")
-    """(new) mmap and tfrecord: train,valid,test weights over documents (mmap) or records (tfrecord), Megatron's
-    --split; valid is evaluated as validation loss."""
-    verify: bool = opt(False, kind="bool")
-    """(new) tfrecord: read every record on open and check its CRCs, payload and token ids (mmap data is always checked
-    on open)"""
-    seed: int = opt(1234)
-    """Seeds weights, dropout and data order: CPU runs are bit-reproducible."""
-    num_workers: int = opt(4)
-    """DataLoader worker processes (at most the CPUs this process may use)"""
-    async_dataloader: bool = opt(False, kind="bool")
-    """Background prefetch of batches (pinned memory on CUDA)"""
-
-    def __post_init__(self) -> None:
-        problems = positive(self, "stride")
-        problems += [f"--{flag(name)} must be >= 0" for name in ("val_num", "num_workers")
-                     if getattr(self, name) < 0]
-        problems += positive(self, "preprocessing_workers", optional=True)
-        if not 0 <= self.validation_split_percentage < 100:
-            problems.append("--validation-split-percentage must be in [0, 100) "
-                            f"(got {self.validation_split_percentage})")
-        held_out_ok = ("mmap", "jsonl", "text", "hf") if self.valid_data_path else ("mmap", "jsonl", "text")
-        split_paths = self.train_data_path and self.dataset != "mmap" or (
-            (self.valid_data_path or self.test_data_path) and self.dataset not in held_out_ok)
-        if self.dataset in ("pickle", "tfrecord", "jsonl", "text", "hf") and not self.input_files:
-            problems.append(f"--dataset {self.dataset} needs --input-files PATH")
-        if self.dataset == "mmap" and not (self.input_files or self.train_data_path):
-            problems.append("--dataset mmap needs --input-files PREFIX (or W1 PREFIX1 W2 PREFIX2 ...) or "
-                            "--train-data-path")
-        if split_paths:
-            problems.append("--train-data-path needs --dataset mmap; --valid-data-path and --test-data-path go with "
-                            "mmap, jsonl and text (--valid-data-path also with hf)")
-        if self.loss_on == "completion" and self.dataset not in ("jsonl", None):
-            problems.append("--loss-on completion needs --dataset jsonl with prompt/completion records")
         collect(problems)
 
 

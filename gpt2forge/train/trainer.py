@@ -31,7 +31,8 @@ from gpt2forge.core.runtime import (
     resolve_precision,
     synchronize,
 )
-from gpt2forge.data import DataRequest, DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
+from gpt2forge.data import DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
+from gpt2forge.data.args import data_request
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.generate.generator import print_sample
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -155,22 +156,6 @@ def steps_from_length(cfg: TrainConfig, samples_per_step: int) -> int | None:
     if cfg.optim.train_samples is not None:
         return -(-cfg.optim.train_samples // samples_per_step)
     return None
-
-
-def data_request(cfg: TrainConfig, vocab_size: int, samples_per_step: int, steps: int | None) -> DataRequest:
-    """What the reader is asked for; `steps`: the run's host steps when known before reading the data."""
-    data = cfg.data
-    return DataRequest(data.dataset, tuple(data.input_files or ()), cfg.arch.max_len, vocab_size, data.seed,
-                       data.stride, data.val_num, samples_per_step, split=data.split, epochs=cfg.optim.epochs,
-                       training_steps=steps, verify=data.verify, windows=data.windows,
-                       train_samples=None if steps is None else steps * samples_per_step,
-                       train_paths=tuple(data.train_data_path or ()), valid_paths=tuple(data.valid_data_path or ()),
-                       test_paths=tuple(data.test_data_path or ()), tokenizer=data.tokenizer_name_or_path,
-                       json_key=data.json_key, cache_dir=data.data_cache_dir, loss_on=data.loss_on,
-                       dataset_config=data.dataset_config_name,
-                       validation_split_percentage=data.validation_split_percentage,
-                       keep_linebreaks=data.keep_linebreaks, preprocessing_workers=data.preprocessing_workers,
-                       overwrite_cache=data.overwrite_cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +315,8 @@ def _load_data(cfg: TrainConfig, vocab_size: int, samples_per_step: int) -> tupl
     log.banner("Loading data")
     t0 = time.perf_counter()
     fixed_steps = steps_from_length(cfg, samples_per_step)
-    data = load_datasets(data_request(cfg, vocab_size, samples_per_step, fixed_steps))
+    data = load_datasets(data_request(cfg.data, cfg.arch.max_len, vocab_size, samples_per_step, cfg.optim.epochs,
+                                      fixed_steps))
     steps_per_epoch = len(data.train) // samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "

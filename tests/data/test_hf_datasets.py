@@ -23,9 +23,9 @@ transformers = pytest.importorskip("transformers", reason="the oracle is transfo
 from gpt2forge.core.errors import UsageError  # noqa: E402
 from gpt2forge.core.labels import IGNORE_INDEX  # noqa: E402
 from gpt2forge.data import DataRequest, collate, load_datasets, split_batch  # noqa: E402
+from gpt2forge.data.args import data_request  # noqa: E402
 from gpt2forge.frontends.graphcore import parse_args  # noqa: E402
 from gpt2forge.text.vocab import asset_dir  # noqa: E402
-from gpt2forge.train.trainer import data_request  # noqa: E402
 
 VOCAB = 50257
 BLOCK = 16
@@ -222,12 +222,12 @@ def test_flags_reach_the_request():
     cfg = parse_args(["--dataset", "hf", "--input-files", "a.txt", "--valid-data-path", "b.txt", "--max-len", "64",
                       "--dataset-config-name", "wikitext-2-raw-v1", "--validation-split-percentage", "10",
                       "--keep-linebreaks", "False", "--preprocessing-workers", "2", "--overwrite-cache"])
-    req = data_request(cfg, VOCAB, samples_per_step=1, steps=None)
+    req = data_request(cfg.data, cfg.arch.max_len, VOCAB, samples_per_step=1, epochs=1, steps=None)
     assert (req.dataset, req.input_files, req.valid_paths) == ("hf", ("a.txt",), ("b.txt",))
     assert (req.dataset_config, req.validation_split_percentage) == ("wikitext-2-raw-v1", 10)
     assert req.keep_linebreaks is False
     assert (req.preprocessing_workers, req.overwrite_cache) == (2, True)
-    defaults = data_request(parse_args(["--dataset", "hf", "--input-files", "a.txt"]), VOCAB, 1, None)
+    defaults = data_request(parse_args(["--dataset", "hf", "--input-files", "a.txt"]).data, 64, VOCAB, 1, 1, None)
     assert (defaults.dataset_config, defaults.validation_split_percentage, defaults.keep_linebreaks,
             defaults.preprocessing_workers, defaults.overwrite_cache) == (None, 5, True, None, False)
     for argv, needle in [(["--dataset", "hf"], "--dataset hf needs --input-files"),
