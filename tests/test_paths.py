@@ -45,7 +45,7 @@ def test_the_paths_that_docs_and_comments_name_exist():
     assert not missing, "paths that do not exist (moved or removed?):\n" + "\n".join(missing)
 
 
-def test_the_check_finds_a_missing_path(tmp_path):
+def test_the_check_finds_a_missing_path():
     assert PATH.findall("see gpt2forge/train/args.py and docs/nowhere.md, not xgpt2forge/a.py")[:2] == [
         "gpt2forge/train/args.py", "docs/nowhere.md"]
     assert MODULE.findall("(train/args.py, frontends/graphcore.py)") == ["train/args.py", "frontends/graphcore.py"]

@@ -150,20 +150,18 @@ class _Apply:
     def has(self, key: str) -> bool:
         return self.get(key, _MISSING) is not _MISSING
 
-    def engine(self, field: str, value: Any, key: str) -> None:
-        """ds.json wins (DeepSpeed's engine owns it): a command-line value that differs is named."""
+    def engine(self, field: str | Own, value: Any, key: str) -> None:
+        """ds.json wins (DeepSpeed's engine owns it): a command-line value that differs is named. `field`: a
+        TrainConfig field, or an `Own` Megatron setting (its `MegatronOnly` record)."""
+        own = isinstance(field, Own)
+        before = getattr(self.own, field.field) if own else self.values.get(field)
         flag = self.set_by.get(field)
-        if flag is not None and self.values.get(field) != value:
-            log.notice(f"{key} {value} in {self.path} replaces {flag} {self.values.get(field)}: DeepSpeed's engine "
-                       "takes ds.json's")
-        self.values[field] = value
-
-    def engine_own(self, field: str, value: Any, key: str) -> None:
-        """`engine` for a Megatron setting with no TrainConfig field (its `MegatronOnly` record)."""
-        flag, before = self.set_by.get(Own(field)), getattr(self.own, field)
         if flag is not None and before != value:
             log.notice(f"{key} {value} in {self.path} replaces {flag} {before}: DeepSpeed's engine takes ds.json's")
-        setattr(self.own, field, value)
+        if own:
+            setattr(self.own, field.field, value)
+        else:
+            self.values[field] = value
 
     def fill(self, fields: tuple[str, ...], value: Any, key: str) -> None:
         """The command line wins (Megatron-DeepSpeed builds it from the flags): ds.json fills fields[0] when none
@@ -234,7 +232,7 @@ def _batches(a: _Apply, data_parallel: int) -> None:
     train, micro, _ = resolve_batch(_whole(a, "train_batch_size"), _whole(a, "train_micro_batch_size_per_gpu"),
                                     _whole(a, "gradient_accumulation_steps"), data_parallel)
     a.engine("batch_size", micro, "train_micro_batch_size_per_gpu")
-    a.engine_own("global_batch", train, "train_batch_size")
+    a.engine(Own("global_batch"), train, "train_batch_size")
 
 
 def _precision(a: _Apply) -> None:
@@ -254,7 +252,7 @@ def _precision(a: _Apply) -> None:
                            "here (Megatron's and DeepSpeed's default); remove the key")
         static = a.get("fp16.loss_scale", 0)
         if static:
-            a.engine_own("static_loss_scale", float(static), "fp16.loss_scale")
+            a.engine(Own("static_loss_scale"), float(static), "fp16.loss_scale")
             return
         if a.own.static_loss_scale is not None:
             log.notice(f"fp16.loss_scale 0 (dynamic) in {a.path} replaces {a.set_by[Own('static_loss_scale')]} "

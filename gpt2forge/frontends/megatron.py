@@ -367,6 +367,7 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     _deepspeed(run, world_size)
     _batches(values, own, world_size)
+    _sequence_parallel(values, own)
     _loss_scaling(values, own)
     _checkpoints(values, own)
     _tokenizer(own)
@@ -376,8 +377,7 @@ def translate(argv: Sequence[str], world_size: int | None = None) -> dict[str, A
 
 
 def _data_parallel(values: dict, own: MegatronOnly, world_size: int) -> int:
-    """Replicas: the world size over tensor x pipeline parallel sizes (Megatron's rule and words);
-    --sequence-parallel is dropped at tensor-parallel size 1, as Megatron does."""
+    """Replicas: the world size over tensor x pipeline parallel sizes (Megatron's rule and words)."""
     stages, tp = own.pipeline, values.get("tensor_model_parallel_size", 1)
     for name, size in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", stages)):
         if size < 1:
@@ -385,13 +385,17 @@ def _data_parallel(values: dict, own: MegatronOnly, world_size: int) -> int:
     if world_size % (tp * stages):
         raise UsageError(f"world size ({world_size}) is not divisible by tensor model parallel size ({tp}) times "
                          f"pipeline model parallel size ({stages})")
-    if own.sequence_parallel:
-        own.sequence_parallel = False  # said once
-        if tp > 1:
-            values["sequence_parallel"] = True
-        else:
-            log.notice("--sequence-parallel: disabled because the tensor model parallel size is 1 (as in Megatron)")
     return world_size // (tp * stages)
+
+
+def _sequence_parallel(values: dict, own: MegatronOnly) -> None:
+    """--sequence-parallel is kept with tensor parallelism and dropped at size 1, as Megatron does."""
+    if not own.sequence_parallel:
+        return
+    if values.get("tensor_model_parallel_size", 1) > 1:
+        values["sequence_parallel"] = True
+    else:
+        log.notice("--sequence-parallel: disabled because the tensor model parallel size is 1 (as in Megatron)")
 
 
 def _deepspeed(run: Parsed, world_size: int) -> None:
