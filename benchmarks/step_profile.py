@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from train_throughput import _build_ours, _model_config  # noqa: E402
 
 from gpt2forge.tools.machine_report import wait_for_quiet  # noqa: E402
-from gpt2forge.train.metrics import measure_cpu_peak  # noqa: E402
+from gpt2forge.train.metrics.peak import measure_cpu_peak  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
 ORDER = ("matmul: qkv", "matmul: attention out", "matmul: MLP", "matmul: LM head", "attention",

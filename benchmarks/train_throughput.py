@@ -430,7 +430,7 @@ def _gpu_peak_read(device, precision: str, n: int = 8192, reps: int = 10) -> flo
 def _cpu_peak_read(precision: str) -> float:
     """One read of this CPU's matmul peak in `precision` (never below fp32's: autocast training does
     much of its work in fp32, and an emulated bf16 matmul is slower than fp32)."""
-    from gpt2forge.train.metrics import measure_cpu_peak
+    from gpt2forge.train.metrics.peak import measure_cpu_peak
 
     fp32 = measure_cpu_peak("fp32")
     return fp32 if precision == "fp32" else max(fp32, measure_cpu_peak(precision))
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpt2forge.core.runtime import resolve_device
-    from gpt2forge.train import metrics
+    from gpt2forge.train.metrics import peak as metrics
 
     try:
         device = resolve_device(args.device)

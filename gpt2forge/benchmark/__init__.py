@@ -27,5 +27,5 @@ output of a command that succeeded) name the benchmark and key and exit with cod
 command exits with code 1.
 
 May import: every package below it; it uses gpt2forge.core, the trainer's profiling and run-folder
-settings (gpt2forge.train.observe) and the machine report (gpt2forge.tools).
+settings (gpt2forge.train.metrics.profiler) and the machine report (gpt2forge.tools).
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 from gpt2forge.benchmark.runner import FAILED, PASSED, SKIPPED, RunOptions, run_variant, write_results
 from gpt2forge.benchmark.spec import build_variants, load_spec, select
 from gpt2forge.core.errors import UsageError, cli_main
-from gpt2forge.train.observe import parse_profile_steps
+from gpt2forge.train.metrics.profiler import parse_profile_steps
 
 
 def build_parser() -> argparse.ArgumentParser:

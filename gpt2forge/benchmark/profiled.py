@@ -14,7 +14,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from gpt2forge.train.observe import PROFILE_DIR_ENV, export_profile, new_profiler
+from gpt2forge.train.metrics.profiler import PROFILE_DIR_ENV, export_profile, new_profiler
 
 
 def main(argv: list[str]) -> int:

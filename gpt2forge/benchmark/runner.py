@@ -24,7 +24,8 @@ from typing import Any
 from gpt2forge.benchmark.extract import MetricError, derive, extract
 from gpt2forge.benchmark.spec import Variant
 from gpt2forge.core.atomic import write_atomic
-from gpt2forge.train.observe import PROFILE_DIR_ENV, PROFILE_STEPS_ENV, RUNS_DIR_ENV
+from gpt2forge.train.metrics.monitor import RUNS_DIR_ENV
+from gpt2forge.train.metrics.profiler import PROFILE_DIR_ENV, PROFILE_STEPS_ENV
 
 PASSED, FAILED, SKIPPED = "PASSED", "FAILED", "SKIPPED"
 

@@ -1,5 +1,5 @@
 """`python -m gpt2forge.tools.plot METRICS.jsonl --out DIR` (console script `gpt2forge-plot`): PNG charts of
-a run's metrics file (written by every training run, see gpt2forge/train/observe.py).
+a run's metrics file (written by every training run, see gpt2forge/train/metrics/monitor.py).
 
 Charts (WIDTH x HEIGHT pixels, default 900 x 500):
   loss.png        training loss and validation loss vs training tokens

@@ -1,7 +1,7 @@
 """Training: the run's configuration (`config`; the command lines that build one are
 gpt2forge.frontends), the model a run starts from (`model_setup`), memory features (`memory_features`),
 optimizers (`optim`), learning-rate schedules (`schedule`), one update (`step`), checkpoints and
-resuming (`state`), exit signals (`signals`), metrics and observers (`metrics`, `observe`) and the
+resuming (`state`), exit signals (`signals`), what a run reports (`metrics`: its lines, MFU, sinks and profiler) and the
 loop (`trainer`).
 
 May import: every package below it (core, ops, text, model, data, preprocess, parallel, generate,

@@ -61,11 +61,11 @@ from gpt2forge.parallel.strategy import ParallelRequest, Strategy, build_strateg
 from gpt2forge.parallel.topology import Layout, build_layout, folded_accumulation, report_layout, stages_of
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.kfac import build_preconditioner
-from gpt2forge.train.log_lines import StepReport, step_line, validation_lines
 from gpt2forge.train.memory_features import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
-from gpt2forge.train.metrics import StepMeter, device_peak
+from gpt2forge.train.metrics.lines import StepReport, step_line, validation_lines
+from gpt2forge.train.metrics.monitor import RunMonitor
+from gpt2forge.train.metrics.peak import StepMeter, device_peak
 from gpt2forge.train.model_setup import build_model, check_step_fits_host, resolve_model_config
-from gpt2forge.train.observe import RunMonitor
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
 from gpt2forge.train.signals import ExitRequested, agreed_signal, exit_notice, exit_signals

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gpt2forge.tools import machine_report
-from gpt2forge.train import observe
-from gpt2forge.train.metrics import GPU_PEAKS, device_peak
+from gpt2forge.train.metrics import profiler
+from gpt2forge.train.metrics.peak import GPU_PEAKS, device_peak
 
 CUDA0 = torch.device("cuda", 0)
 
@@ -59,12 +59,12 @@ def test_the_profiler_records_cuda_and_sorts_by_device_time(fake_cuda, monkeypat
     made = []
     with monkeypatch.context() as patch:
         patch.setattr(torch.profiler, "profile", lambda **kw: made.append(kw) or "profiler")
-        assert observe.new_profiler() == "profiler"
+        assert profiler.new_profiler() == "profiler"
     assert made[0]["activities"] == [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     # A real CPU profile to export: torch's table must know the sort key.
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         torch.mm(torch.ones(8, 8), torch.ones(8, 8))
-    _, table = observe.export_profile(prof, tmp_path, "title")
+    _, table = profiler.export_profile(prof, tmp_path, "title")
     assert "operators sorted by self_device_time_total, top 30" in table.read_text()
 
 

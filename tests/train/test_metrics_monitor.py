@@ -17,7 +17,8 @@ from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.tools.machine_report import CPU_FLAGS, environment, format_report
 from gpt2forge.tools.plot import main as plot_main
 from gpt2forge.tools.plot import plot, read_metrics
-from gpt2forge.train import observe
+from gpt2forge.train.metrics import monitor
+from gpt2forge.train.metrics.profiler import parse_profile_steps
 
 STEP_LINE = re.compile(r"^step \d+ of epoch \d+, loss: (\S+), acc: \S+, lr: (\S+), throughput: \S+ samples/sec, "
                        r"tokens/s: \S+, MFU: (\S+),")
@@ -65,27 +66,27 @@ def test_trainer_writes_metrics_tensorboard_and_profile(tiny_config, tmp_path, c
 def test_metrics_file_defaults(tmp_path, monkeypatch):
     model = types.SimpleNamespace(vocab_size=96)
     cfg = parse_args(["--dataset", "generated", "--checkpoint-output-dir", str(tmp_path / "ck")])
-    assert observe.metrics_path(cfg, "x") == tmp_path / "ck" / "metrics.jsonl"
+    assert monitor.metrics_path(cfg, "x") == tmp_path / "ck" / "metrics.jsonl"
     cfg = parse_args(["--dataset", "generated", "--model", "gpt2-medium", "--max-len", "256", "--batch-size", "2",
                       "--gradient-accumulation", "8"])
-    name = observe.run_name(cfg, model)
+    name = monitor.run_name(cfg, model)
     assert name == "gpt2-medium_96_sl256_gbs16"  # the reference's W&B name scheme
-    monkeypatch.delenv(observe.RUNS_DIR_ENV, raising=False)
+    monkeypatch.delenv(monitor.RUNS_DIR_ENV, raising=False)
     assert re.fullmatch(r"runs/gpt2-medium_96_sl256_gbs16_\d{8}-\d{6}/metrics.jsonl",
-                        observe.metrics_path(cfg, name).as_posix())
-    monkeypatch.setenv(observe.RUNS_DIR_ENV, str(tmp_path / "r"))
-    assert observe.metrics_path(cfg, name).parent.parent == tmp_path / "r"
+                        monitor.metrics_path(cfg, name).as_posix())
+    monkeypatch.setenv(monitor.RUNS_DIR_ENV, str(tmp_path / "r"))
+    assert monitor.metrics_path(cfg, name).parent.parent == tmp_path / "r"
 
 
 @pytest.mark.parametrize("text", ["3", "0:2", "4:3", "a:b"])
 def test_bad_profile_steps_name_the_flag(text):
     with pytest.raises(UsageError, match=f"--profile-steps '{text}': expected A:B"):
-        observe.parse_profile_steps(text)
+        parse_profile_steps(text)
 
 
 def test_mfu_becomes_a_number():
-    assert observe.numeric_mfu("12.3%") == pytest.approx(0.123)
-    assert observe.numeric_mfu(0.5) == 0.5 and observe.numeric_mfu("unknown") is None
+    assert monitor.numeric_mfu("12.3%") == pytest.approx(0.123)
+    assert monitor.numeric_mfu(0.5) == 0.5 and monitor.numeric_mfu("unknown") is None
 
 
 def test_wandb_goes_offline_without_an_api_key(tmp_path, monkeypatch):
@@ -98,10 +99,10 @@ def test_wandb_goes_offline_without_an_api_key(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     cfg = parse_args(["--dataset", "generated", "--use-wandb", "--metrics-file", str(tmp_path / "m.jsonl")])
-    monitor = observe.RunMonitor(cfg, types.SimpleNamespace(vocab_size=50257), total_steps=1)
-    monitor.step({"step": 1, "epoch": 0, "tokens": 128, "loss": 2.0, "acc": 0.5, "lr": 1e-4,
+    run_monitor = monitor.RunMonitor(cfg, types.SimpleNamespace(vocab_size=50257), total_steps=1)
+    run_monitor.step({"step": 1, "epoch": 0, "tokens": 128, "loss": 2.0, "acc": 0.5, "lr": 1e-4,
                   "samples_per_sec": 3.0, "tokens_per_sec": 384.0, "mfu": "unknown"})
-    monitor.close()
+    run_monitor.close()
     import os
 
     assert os.environ["WANDB_MODE"] == "offline"
@@ -117,14 +118,14 @@ class _Terminal(io.StringIO):
 def test_progress_bar_only_on_a_terminal_and_prints_go_around_it(monkeypatch):
     record = {"step": 1, "loss": 2.0, "tokens_per_sec": 10.0}
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    bar = observe._ProgressBar(total=4)
+    bar = monitor._ProgressBar(total=4)
     bar.update(record)
     assert bar.bar.disable and sys.stderr.getvalue() == ""
     bar.close()
     term_out, term_err = _Terminal(), _Terminal()
     monkeypatch.setattr(sys, "stdout", term_out)
     monkeypatch.setattr(sys, "stderr", term_err)
-    bar = observe._ProgressBar(total=4)
+    bar = monitor._ProgressBar(total=4)
     bar.update(record)
     assert sys.stdout is not term_out  # step lines go through tqdm.write while the bar shows
     print("step line")
