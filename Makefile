@@ -98,7 +98,7 @@ eval-data: $(STAMP)
 BENCH      ?= cpu
 BENCH_ARGS ?=
 bench: setup
-	$(PY) -m gpt2forge.benchmark --spec benchmarks.yml --benchmark $(BENCH) $(BENCH_ARGS)
+	$(PY) -m gpt2forge.benchmark_runner --spec benchmarks.yml --benchmark $(BENCH) $(BENCH_ARGS)
 
 clean:
 	test -x $(PY) && $(PY) -m gpt2forge.ops.build clean --out-dir $(OPS_DIR) || rm -f $(OPS_LIB)

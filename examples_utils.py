@@ -10,14 +10,14 @@ import sys
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else ""
     if command == "benchmark":  # the runner here takes the same --spec, --benchmark and --profile
-        line = shlex.join(["python", "-m", "gpt2forge.benchmark", *argv[1:]])
+        line = shlex.join(["python", "-m", "gpt2forge.benchmark_runner", *argv[1:]])
         print(f"error: examples_utils benchmark is Graphcore's runner; here it is `{line}` (docs/benchmarks.md)",
               file=sys.stderr)
     elif command == "load_lib_build":
         print("error: examples_utils load_lib_build is Graphcore's; here `make` builds custom_ops/", file=sys.stderr)
     else:
         print(f"error: examples_utils {command}: Graphcore's examples-utils is not used here; benchmarks run with "
-              "`python -m gpt2forge.benchmark --spec benchmarks.yml`, the custom ops build with `make`",
+              "`python -m gpt2forge.benchmark_runner --spec benchmarks.yml`, the custom ops build with `make`",
               file=sys.stderr)
     return 2
 

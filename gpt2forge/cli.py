@@ -94,6 +94,6 @@ def generate_main(argv: Sequence[str] | None = None) -> int:
 @cli_main
 def inference_main(argv: Sequence[str] | None = None) -> int:
     """`inference_gpt2.py`: forward-pass throughput on generated data (the training flags)."""
-    from gpt2forge.tools.throughput import run_inference  # lazy: a console script imports only its own command
+    from gpt2forge.tools.inference import run_inference  # lazy: a console script imports only its own command
 
     return run_inference(argv)

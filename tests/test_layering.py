@@ -10,7 +10,7 @@ PKG = Path(__file__).resolve().parent.parent / "gpt2forge"
 # Lowest first: a module may import its own layer and those to its left (gpt2forge/__init__.py is
 # the bottom, gpt2forge/cli.py the top).
 LAYERS = ["", "core", "ops", "text", "model", "data", "preprocess", "parallel", "generate", "evaluation", "train",
-          "frontends", "tools", "benchmark", "cli"]
+          "frontends", "tools", "benchmark_runner", "cli"]
 MODULES = {".".join(("gpt2forge", *p.relative_to(PKG).with_suffix("").parts)).removesuffix(".__init__"): p
            for p in sorted(PKG.rglob("*.py"))}
 

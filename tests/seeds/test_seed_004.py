@@ -109,12 +109,12 @@ STAND_INS = [
      "error: run/pretraining_large_poprun.sh: PopRun is replaced by torchrun; on every node run NNODES=<nodes> "
      "NODE_RANK=<0..nodes-1> MASTER_ADDR=<node 0 host> bash run/pretraining_large_multinode.sh"),
     ([sys.executable, "-m", "examples_utils", "benchmark", "--spec", "benchmarks.yml"],
-     "error: examples_utils benchmark is Graphcore's runner; here it is `python -m gpt2forge.benchmark --spec "
+     "error: examples_utils benchmark is Graphcore's runner; here it is `python -m gpt2forge.benchmark_runner --spec "
      "benchmarks.yml` (docs/benchmarks.md)"),
     ([sys.executable, "-m", "examples_utils", "benchmark", "--spec", "benchmarks.yml", "--benchmark", "gpt2_cpu"],
-     "here it is `python -m gpt2forge.benchmark --spec benchmarks.yml --benchmark gpt2_cpu`"),
+     "here it is `python -m gpt2forge.benchmark_runner --spec benchmarks.yml --benchmark gpt2_cpu`"),
     ([sys.executable, "-m", "examples_utils", "benchmark", "--spec", "benchmarks.yml", "--profile"],
-     "here it is `python -m gpt2forge.benchmark --spec benchmarks.yml --profile`"),
+     "here it is `python -m gpt2forge.benchmark_runner --spec benchmarks.yml --profile`"),
 ]
 
 
@@ -128,7 +128,7 @@ def test_reference_names_that_went_say_where_in_one_line(argv, line):
 
 
 def test_the_named_replacements_exist_and_take_those_flags():
-    from gpt2forge.benchmark.cli import build_parser
+    from gpt2forge.benchmark_runner.cli import build_parser
 
     args = build_parser().parse_args(["--spec", "benchmarks.yml", "--benchmark", "gpt2_cpu", "--profile"])
     assert args.spec == ["benchmarks.yml"] and args.profile

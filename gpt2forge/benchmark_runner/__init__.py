@@ -1,4 +1,4 @@
-"""Benchmark runner: `python -m gpt2forge.benchmark --spec benchmarks.yml [--benchmark NAME ...]`.
+"""Benchmark runner: `python -m gpt2forge.benchmark_runner --spec benchmarks.yml [--benchmark NAME ...]`.
 
 Reads the examples-utils spec format of the reference (graphcore_gpt2.md §9): a YAML mapping of
 benchmark name -> entry (names containing `options` only hold YAML anchors). An entry has

@@ -7,7 +7,7 @@ import math
 import operator
 import re
 
-from gpt2forge.benchmark.spec import Metric
+from gpt2forge.benchmark_runner.spec import Metric
 
 COMPILE_TIME = re.compile(r"Compiled/Loaded model in ([0-9.]+) secs")
 

@@ -1,4 +1,4 @@
-"""`python -m gpt2forge.benchmark`: the command line of the runner (see the package docstring)."""
+"""`python -m gpt2forge.benchmark_runner`: the command line of the runner (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpt2forge.benchmark.runner import FAILED, PASSED, SKIPPED, RunOptions, run_variant, write_results
-from gpt2forge.benchmark.spec import build_variants, load_spec, select
+from gpt2forge.benchmark_runner.runner import FAILED, PASSED, SKIPPED, RunOptions, run_variant, write_results
+from gpt2forge.benchmark_runner.spec import build_variants, load_spec, select
 from gpt2forge.core.errors import UsageError, cli_main
 from gpt2forge.train.metrics.profiler import parse_profile_steps
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpt2forge.benchmark",
+    p = argparse.ArgumentParser(prog="python -m gpt2forge.benchmark_runner",
                                 description="Run the benchmarks of a spec file (examples-utils format) and "
                                             "collect their metrics.")
     p.add_argument("--spec", nargs="+", default=["benchmarks.yml"], help="spec file(s) (default: benchmarks.yml)")

@@ -1,4 +1,4 @@
-"""`python -m gpt2forge.benchmark.profiled SCRIPT.py ARGS...` (or `-m MODULE ARGS...`): run a Python
+"""`python -m gpt2forge.benchmark_runner.profiled SCRIPT.py ARGS...` (or `-m MODULE ARGS...`): run a Python
 program whole under the PyTorch profiler (CPU and CUDA activity) and write trace.json and
 top_ops.txt to $GPT2FORGE_PROFILE_DIR.
 
@@ -19,7 +19,8 @@ from gpt2forge.train.metrics.profiler import PROFILE_DIR_ENV, export_profile, ne
 
 def main(argv: list[str]) -> int:
     if not argv or (argv[0] == "-m" and len(argv) < 2):
-        print("usage: python -m gpt2forge.benchmark.profiled SCRIPT.py ARGS... | -m MODULE ARGS...", file=sys.stderr)
+        print("usage: python -m gpt2forge.benchmark_runner.profiled SCRIPT.py ARGS... | -m MODULE ARGS...",
+              file=sys.stderr)
         return 2
     out_dir = Path(os.environ.get(PROFILE_DIR_ENV, "profile"))
     module = argv[1] if argv[0] == "-m" else None

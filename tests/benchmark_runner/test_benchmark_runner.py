@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt2forge.benchmark.cli import main as bench_main
-from gpt2forge.benchmark.extract import MetricError, derive, extract, matches
-from gpt2forge.benchmark.spec import Metric, build_variants, expand_parameters, load_spec, select, variant_name
+from gpt2forge.benchmark_runner.cli import main as bench_main
+from gpt2forge.benchmark_runner.extract import MetricError, derive, extract, matches
+from gpt2forge.benchmark_runner.spec import Metric, build_variants, expand_parameters, load_spec, select, variant_name
 from gpt2forge.core.errors import UsageError
 from gpt2forge.frontends.graphcore import parse_args
 
@@ -204,7 +204,7 @@ def test_shipped_spec_parses_and_every_command_parses_against_its_parser():
 def test_make_bench_runs_the_runner_on_the_named_group():
     out = subprocess.run(["make", "-n", "-o", "setup", "bench", "BENCH=sample_index_cpu"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
-    assert "-m gpt2forge.benchmark --spec benchmarks.yml --benchmark sample_index_cpu" in out
+    assert "-m gpt2forge.benchmark_runner --spec benchmarks.yml --benchmark sample_index_cpu" in out
 
 
 # -- end to end ---------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def test_spec_error_is_one_line_and_exit_2(tmp_path, capsys):
 def test_real_cpu_entry_with_profile_and_compile_only(tmp_path):
     """The shipped inference CPU entry, run by the runner as `make bench` does, under --profile."""
     log_dir = tmp_path / "logs"
-    proc = subprocess.run([sys.executable, "-m", "gpt2forge.benchmark", "--spec", str(SPEC), "--benchmark",
+    proc = subprocess.run([sys.executable, "-m", "gpt2forge.benchmark_runner", "--spec", str(SPEC), "--benchmark",
                            "gpt2_infer_gen_cpu", "--log-dir", str(log_dir), "--profile"],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

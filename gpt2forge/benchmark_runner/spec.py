@@ -1,6 +1,6 @@
 """Reading a benchmark spec: validation (errors name the benchmark and key), variants, groups.
 
-The format is described in `gpt2forge/benchmark/__init__.py`.
+The format is described in `gpt2forge/benchmark_runner/__init__.py`.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt2forge.benchmark.extract import MetricError, derive, extract
-from gpt2forge.benchmark.spec import Variant
+from gpt2forge.benchmark_runner.extract import MetricError, derive, extract
+from gpt2forge.benchmark_runner.spec import Variant
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.train.metrics.monitor import RUNS_DIR_ENV
 from gpt2forge.train.metrics.profiler import PROFILE_DIR_ENV, PROFILE_STEPS_ENV
@@ -51,7 +51,7 @@ def command_for(variant: Variant, opts: RunOptions) -> tuple[list[str], dict[str
         env[PROFILE_DIR_ENV] = str((opts.log_dir / f"{variant.name}_profile").resolve())
         env[PROFILE_STEPS_ENV] = opts.profile_steps
         if variant.profile == "process" and Path(argv[0]).name.startswith("python"):
-            argv[1:1] = ["-m", "gpt2forge.benchmark.profiled"]  # the whole Python process under the profiler
+            argv[1:1] = ["-m", "gpt2forge.benchmark_runner.profiled"]  # the whole Python process under the profiler
     return argv, env
 
 
