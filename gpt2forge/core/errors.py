@@ -89,3 +89,18 @@ def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
         return 0 if code is None else int(code)
 
     return wrapper
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and its message with the whitespace folded."""
+    text = " ".join(str(exc).split()) or "no detail"
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def refused_part(exc: BaseException) -> str:
+    """What weights-only unpickling refused, from PyTorch's many-line message (its advice to load
+    with weights_only=False is not for us to repeat)."""
+    for line in str(exc).splitlines():
+        if "Unsupported" in line or "GLOBAL" in line:
+            return "refused to unpickle: " + line.split("WeightsUnpickler error:")[-1].strip()[:200]
+    return "it holds objects a training state never holds"

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2forge.core.errors import UsageError
-from gpt2forge.model.checkpoint import one_line, refused_part
+from gpt2forge.core.errors import UsageError, one_line, refused_part
 
 TRACKER = "latest_checkpointed_iteration.txt"
 SHARD_FILE = "model_optim_rng.pt"

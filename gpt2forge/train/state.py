@@ -18,22 +18,20 @@ import torch.distributed as dist
 from gpt2forge.core import log
 from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
-from gpt2forge.model.checkpoint import (
-    LINEAGE,
-    WEIGHT_FILES,
-    export_pretrained,
-    latest_checkpoint,
-    load_training_state,
-    prune_checkpoints,
-    resolve_checkpoint_dir,
-    save_checkpoint,
-)
+from gpt2forge.model.checkpoint import WEIGHT_FILES, export_pretrained, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.model.megatron_files import is_megatron_checkpoint, iteration_dir
 from gpt2forge.parallel.health import wait_for_rank0
 from gpt2forge.text.tokenizer import tokenizer_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE, asset_dir
 from gpt2forge.train.config import CheckpointArgs, TrainConfig
+from gpt2forge.train.run_folder import (
+    LINEAGE,
+    latest_checkpoint,
+    load_training_state,
+    prune_checkpoints,
+    save_checkpoint,
+)
 
 if TYPE_CHECKING:
     from gpt2forge.train.step import Run

@@ -42,6 +42,7 @@ from jobs import (
 
 from gpt2forge.model import checkpoint as ck
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.train.run_folder import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 REL = 1e-6  # test_launch_styles.py says why
@@ -101,7 +102,7 @@ def test_a_restarted_job_continues_from_its_checkpoint_with_an_uninterrupted_run
     c.throttle(c.nodes[1], 2000)  # ~0.3 s a step: the kill lands between step 4's checkpoint and the end
     procs = start_on_nodes(c, job, env={"GPT2FORGE_DIST_TIMEOUT_MIN": RESTART_TIMEOUT_MIN})
     try:
-        wait_for(lambda: ck.latest_checkpoint(out_dir) is not None, 120, "the first checkpoint")
+        wait_for(lambda: latest_checkpoint(out_dir) is not None, 120, "the first checkpoint")
         killed_after = _steps_logged(metrics)
         for pid in worker_pids(c, c.nodes[1]):
             os.kill(pid, signal.SIGKILL)
@@ -135,7 +136,7 @@ def test_a_node_that_never_returns_leaves_the_job_going_on_one_node_with_the_sam
     c.throttle(c.nodes[1], 2000)  # ~0.3 s a step: node1 dies between step 4's checkpoint and the end
     procs = start_on_nodes(c, job, env={"GPT2FORGE_DIST_TIMEOUT_MIN": RESTART_TIMEOUT_MIN})
     try:
-        wait_for(lambda: ck.latest_checkpoint(out_dir) is not None, 120, "the first checkpoint")
+        wait_for(lambda: latest_checkpoint(out_dir) is not None, 120, "the first checkpoint")
         lost_after = _steps_logged(metrics)
         assert worker_pids(c, c.nodes[1])  # node1 has a rank of the job
         c.signal_node(c.nodes[1], signal.SIGKILL)  # agent and worker: the node is gone
@@ -268,7 +269,7 @@ def test_a_save_killed_mid_write_leaves_the_previous_checkpoint_as_latest(cluste
     half_written = Path(marker.read_text())
     assert half_written.is_dir() and (half_written / "model.safetensors").is_file()  # it was killed mid-save
     assert (out_dir / "latest").read_text().strip() == "step_2" and not (out_dir / "step_4").exists()
-    latest = ck.latest_checkpoint(out_dir)
+    latest = latest_checkpoint(out_dir)
     assert latest == out_dir / "step_2"
     ck.load_weights(GPT2LMHeadModel(ck.load_model_config(latest)), latest)
     # The resubmitted job continues from step_2; the dead save's temporary folder is removed.

@@ -15,11 +15,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gpt2forge.cli import run_script, train_main  # noqa: E402
-from gpt2forge.model import checkpoint  # noqa: E402
+from gpt2forge.train import run_folder  # noqa: E402
 
 
 def hang_in_save(name: str, marker: Path) -> None:
-    write = checkpoint._write_files
+    write = run_folder._write_files
 
     def writing(tmp: Path, *args, **kwargs):
         write(tmp, *args, **kwargs)
@@ -27,7 +27,7 @@ def hang_in_save(name: str, marker: Path) -> None:
             marker.write_text(str(tmp))
             time.sleep(600)  # the test kills this process within seconds
 
-    checkpoint._write_files = writing
+    run_folder._write_files = writing
 
 
 def main() -> int:

@@ -18,9 +18,10 @@ from gpt2forge.evaluation.cli import lambada_main, wiki_main
 from gpt2forge.evaluation.detokenizer import detokenizer_name_for, ptb_detokenizer, wikitext_detokenizer
 from gpt2forge.evaluation.protocol import build_cloze_examples, fit_example, lambada_example
 from gpt2forge.evaluation.scoring import evaluate_cloze, evaluate_stream
-from gpt2forge.model.checkpoint import load_weights, save_checkpoint
+from gpt2forge.model.checkpoint import load_weights
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.train.run_folder import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -211,9 +211,9 @@ def read_run_config(files: list[Path]) -> None:
 def make_checkpoint(folder: Path) -> list[Path]:
     import torch
 
-    from gpt2forge.model.checkpoint import save_checkpoint
     from gpt2forge.model.config import ModelConfig
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
+    from gpt2forge.train.run_folder import save_checkpoint
 
     model = GPT2LMHeadModel(ModelConfig(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=1, n_head=2))
     model.init_weights(torch.Generator().manual_seed(0))
@@ -227,8 +227,9 @@ def read_checkpoint(files: list[Path]) -> None:
     """The trainer's path: config, weights into a model built from it, the training state."""
     import torch
 
-    from gpt2forge.model.checkpoint import load_model_config, load_training_state, load_weights
+    from gpt2forge.model.checkpoint import load_model_config, load_weights
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
+    from gpt2forge.train.run_folder import load_training_state
 
     ckpt = files[0].parent
     cfg = load_model_config(ckpt)

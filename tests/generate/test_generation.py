@@ -19,11 +19,12 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.generate.generator import Generator, sample
 from gpt2forge.generate.kv_cache import CachedLM
 from gpt2forge.generate.sampling import SamplingConfig, filter_top_k, filter_top_p, next_token
-from gpt2forge.model.checkpoint import save_checkpoint, to_hf_state_dict
+from gpt2forge.model.checkpoint import to_hf_state_dict
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.model.pretrained import load_pretrained
 from gpt2forge.text import vocab
+from gpt2forge.train.run_folder import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = vocab.asset_dir()

@@ -7,10 +7,11 @@ import torch
 import transformers
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.model.checkpoint import export_pretrained, load_model, save_checkpoint
+from gpt2forge.model.checkpoint import export_pretrained, load_model
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import window_mask
 from gpt2forge.model.gpt_neo import compress_attention_layers, expand_attention_types
+from gpt2forge.train.run_folder import save_checkpoint
 
 V, T, WINDOW = 101, 32, 8
 

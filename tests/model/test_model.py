@@ -5,9 +5,10 @@ import torch
 import transformers
 
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.model.checkpoint import from_hf_state_dict, load_weights, save_checkpoint, to_hf_state_dict
+from gpt2forge.model.checkpoint import from_hf_state_dict, load_weights, to_hf_state_dict
 from gpt2forge.model.config import MODEL_FILES, ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel, head_loss
+from gpt2forge.train.run_folder import save_checkpoint
 
 
 def tiny(**kw) -> ModelConfig:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import gpt2forge.model.checkpoint as ck
+import gpt2forge.model.checkpoint as model_ck
+import gpt2forge.train.run_folder as ck
 import gpt2forge.train.trainer as trainer
 from gpt2forge.cli import train_main
 from gpt2forge.model.config import ModelConfig
@@ -234,7 +235,7 @@ def test_a_step_save_at_an_epoch_end_has_both_names_and_keep_and_resume_work(tin
         "epoch_2", "latest", "step_6", "step_8"]
     assert (out / "epoch_2").is_symlink() and (out / "epoch_2").resolve() == (out / "step_8").resolve()
     assert (out / "latest").read_text().strip() == "step_8"
-    ck.load_weights(GPT2LMHeadModel(ck.load_model_config(out / "epoch_2")), out / "epoch_2")
+    model_ck.load_weights(GPT2LMHeadModel(model_ck.load_model_config(out / "epoch_2")), out / "epoch_2")
     assert ck.latest_checkpoint(out) == out / "step_8"  # where --auto-resume continues
 
 
@@ -261,7 +262,7 @@ def test_too_little_free_space_is_one_line_before_anything_is_written(tmp_path, 
     assert stray(root) == [f".step_7.tmp-{os.getppid()}"]
     (root / f".step_7.tmp-{os.getppid()}").rmdir()
     written = sum(f.stat().st_size for f in (root / "step_1").iterdir())
-    needed = ck.checkpoint_bytes(ck.to_hf_state_dict(model), training_state(model))
+    needed = ck.checkpoint_bytes(model_ck.to_hf_state_dict(model), training_state(model))
     assert written <= needed <= written + (2 << 20)  # an upper bound, and a close one
     usage = ck.shutil.disk_usage(root)
     monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: usage._replace(free=needed - 1))

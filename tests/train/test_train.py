@@ -179,7 +179,7 @@ def test_pickle_training_evaluates_validation(tiny_config, tmp_path, capsys):
 KILL_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    import gpt2forge.model.checkpoint as ck
+    import gpt2forge.train.run_folder as ck
     from gpt2forge.model.config import ModelConfig
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
     root, flag = Path(sys.argv[1]), Path(sys.argv[2])
