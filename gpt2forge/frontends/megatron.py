@@ -335,7 +335,8 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 MEGATRON_DEFAULTS: dict[str, Any] = {
-    "model": "gpt2", "lr_schedule": "linear", "lr_warmup": 0.0, "weight_decay": 0.01, "max_grad_norm": 1.0,
+    "model": "gpt2", "lr_schedule": "linear", "lr_warmup": 0.0, "lr_warmup_form": "transformers",
+    "weight_decay": 0.01, "max_grad_norm": 1.0,
     "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8, "log_steps": 100, "eval_every_steps": 1000,
     "eval_iters": 100, "seed": 1234, "split": "969,30,1", "device_iterations": 1, "num_workers": 2,
     "log_format": "megatron", "optimizer": "AdamW", "hidden_dropout": 0.1, "attention_dropout": 0.1,

@@ -185,7 +185,7 @@ FLAGS: tuple[Flag, ...] = (
 CLM_DEFAULTS: dict[str, Any] = {
     "model": "gpt2", "learning_rate": 5e-5, "weight_decay": 0.0, "epochs": 3, "batch_size": 8,
     "gradient_accumulation": 1, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8, "optimizer": "AdamW",
-    "log_format": "run_clm", "device_iterations": 1, "precision": "fp32",
+    "log_format": "run_clm", "device_iterations": 1, "precision": "fp32", "lr_warmup_form": "transformers",
 }
 """run_clm_no_trainer.py's defaults (and torch.optim.AdamW's) where they differ from train_gpt2.py's."""
 

@@ -25,6 +25,9 @@ from gpt2forge.data.args import DataArgs
 from gpt2forge.parallel.memory_plan import MemoryArgs
 from gpt2forge.parallel.topology import ParallelArgs
 
+WARMUP_FORMS = ("nanogpt", "transformers")
+"""`--lr-warmup-form`: the multiplier of warm-up update u (from 0) is (u + o) / (W + o), o = 1 or 0."""
+
 
 @dataclasses.dataclass
 class ModelArgs:
@@ -108,6 +111,10 @@ class OptimizerArgs:
     """(new) schedule length in samples (Megatron's; overrides --lr-decay-steps)"""
     lr_warmup_samples: int | None = opt(None)
     """(new) warm-up in samples (Megatron's; overrides --lr-warmup-steps)"""
+    lr_warmup_form: str = opt("nanogpt", choices=WARMUP_FORMS)
+    """(new) the warm-up's first updates: nanogpt (nanoGPT's, torchtitan's, Colossal-AI's LinearWarmupLR) runs update u
+    (from 0) at (u + 1) / (W + 1) of the peak; transformers (the reference's, transformers', Megatron-LM's and
+    DeepSpeed's) at u / W, so its first update runs at LR 0 and only fills Adam's moments"""
     max_nonfinite_updates: int = opt(10)
     """(new) updates with non-finite gradients are skipped (the learning rate holds); stop the run after this many in a
     row. An fp16 overflow that dynamic loss scaling answers by lowering the scale (above --min-loss-scale) is not

@@ -1,8 +1,11 @@
 """Learning-rate schedules (reference section 5.3), with Megatron's floor and sample-based lengths.
 
 The schedule is a multiplier of the peak LR (`--learning-rate`) per optimizer update, stepped once
-after every applied update, so the first update runs at the update-0 multiplier (0 when there is
-warm-up); an update skipped for non-finite gradients holds the LR (Megatron-LM's and accelerate's rule).
+after every applied update, so the first update runs at the update-0 multiplier; an update skipped for
+non-finite gradients holds the LR (Megatron-LM's and accelerate's rule). The warm-up's form
+(`--lr-warmup-form`) decides that first multiplier: nanoGPT's (the default) gives update u (from 0)
+(u + 1) / (W + 1) of the peak, transformers' (the reference's; the Megatron, DeepSpeed and run_clm
+front ends choose it, as their tools do) u / W, so its first update runs at LR 0.
 
 Lengths are counted in optimizer updates (`--lr-decay-steps`, `--lr-warmup-steps`, `--lr-warmup`)
 unless any of `--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples` is given: the
@@ -28,7 +31,7 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
-from gpt2forge.train.config import OptimizerArgs
+from gpt2forge.train.config import WARMUP_FORMS, OptimizerArgs
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -107,11 +110,12 @@ def schedule_length(optim: OptimizerArgs, total_updates: int, samples_per_update
 
 
 def _lr_multiplier(step: int, *, schedule: str, warmup: int, total: int, floor: float = 0.0,
-                   per_update: int = 1) -> float:
+                   per_update: int = 1, warmup_offset: int = 0) -> float:
     """Peak-LR multiplier for 0-based update `step` (formulas in `build_lr_schedule`)."""
     pos = step * per_update  # where the update sits in the schedule's unit
     if pos < warmup:
-        return float(pos) / float(max(1, warmup))
+        shift = warmup_offset * per_update
+        return float(pos + shift) / float(max(1, warmup + shift))
     if schedule == "constant":
         return 1.0
     if floor and pos >= total:  # Megatron and nanoGPT hold the floor after the decay
@@ -126,24 +130,28 @@ def _lr_multiplier(step: int, *, schedule: str, warmup: int, total: int, floor: 
 
 def build_lr_schedule(
     optimizer: torch.optim.Optimizer, schedule: str, total_steps: int, warmup_steps: int,
-    min_lr_ratio: float = 0.0, per_update: int = 1,
+    min_lr_ratio: float = 0.0, per_update: int = 1, warmup_form: str = "transformers",
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """LR schedule for `--lr-schedule`; call `scheduler.step()` once after every update.
 
     Multiplier of the peak LR at 0-based update u, at position p = u * per_update in the schedule
-    (W = warmup_steps, N = total_steps, f = min_lr_ratio):
-        warm-up (all schedules), p < W:  p / max(1, W)
+    (W = warmup_steps, N = total_steps, f = min_lr_ratio, o = 1 for warmup_form nanogpt, else 0):
+        warm-up (all schedules), p < W:  (p + o * per_update) / max(1, W + o * per_update)
         constant:  1                                   (the reference ignored warm-up: fixed)
         linear:    f + (1 - f) * max(0, (N - p) / max(1, N - W))
         cosine:    f + (1 - f) * max(0, 0.5 * (1 + cos(pi * r))),  r = (p - W) / max(1, N - W)
         with f > 0, p >= N (linear, cosine):  f
-    With f = 0 and per_update 1 these equal transformers' get_{constant,linear,cosine}_schedule_with_warmup;
-    with f = min_lr / lr and per_update = the global batch, Megatron's sample-based schedule.
+    With f = 0, per_update 1 and warmup_form transformers these equal transformers'
+    get_{constant,linear,cosine}_schedule_with_warmup; with f = min_lr / lr and per_update = the global
+    batch, Megatron's sample-based schedule; with warmup_form nanogpt and cosine, nanoGPT's get_lr.
 
     Raises:
         UsageError: unknown schedule (`--lr-schedule`), total_steps < 1 (`--lr-decay-steps`),
-            warmup_steps outside [0, total_steps] (`--lr-warmup-steps`), min_lr_ratio outside [0, 1].
+            warmup_steps outside [0, total_steps] (`--lr-warmup-steps`), min_lr_ratio outside [0, 1],
+            unknown warmup_form (`--lr-warmup-form`).
     """
+    if warmup_form not in WARMUP_FORMS:
+        raise UsageError(f"--lr-warmup-form {warmup_form} is not one of {', '.join(WARMUP_FORMS)}")
     if schedule not in SCHEDULES:
         raise UsageError(f"--lr-schedule {schedule} is not supported; choose one of {', '.join(SCHEDULES)}")
     if total_steps < 1:
@@ -156,7 +164,8 @@ def build_lr_schedule(
         raise UsageError(f"--min-lr is {min_lr_ratio} x --learning-rate; pass a value in [0, --learning-rate]")
     # A partial (not a lambda) so LambdaLR.state_dict() can record it.
     fn = functools.partial(_lr_multiplier, schedule=schedule, warmup=warmup_steps, total=total_steps,
-                           floor=float(min_lr_ratio), per_update=int(per_update))
+                           floor=float(min_lr_ratio), per_update=int(per_update),
+                           warmup_offset=int(warmup_form == "nanogpt"))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
@@ -170,7 +179,9 @@ def build_run_schedule(optimizer: torch.optim.Optimizer, optim: OptimizerArgs, t
         log.notice("--learning-rate 0: no update will change the weights")
     if optim.lr_schedule != "constant":
         log.info(f"LR schedule: {optim.lr_schedule} from {optim.learning_rate:g} to {optim.min_lr:g} over "
-                 f"{length.decay} {length.unit}, warm-up {length.warmup} {length.unit}")
+                 f"{length.decay} {length.unit}, warm-up {length.warmup} {length.unit} "
+                 f"in {optim.lr_warmup_form}'s form")
     elif optim.min_lr:
         log.notice("--min-lr has no effect with --lr-schedule constant")
-    return build_lr_schedule(optimizer, optim.lr_schedule, length.decay, length.warmup, floor, length.per_update)
+    return build_lr_schedule(optimizer, optim.lr_schedule, length.decay, length.warmup, floor, length.per_update,
+                             optim.lr_warmup_form)

@@ -20,7 +20,7 @@ FLAT_NAMES = {
     "keep_linebreaks", "preprocessing_workers", "overwrite_cache", "final_model_dir",
     "hidden_dropout", "attention_dropout", "train_data_path", "valid_data_path", "test_data_path", "json_key",
     "data_cache_dir", "loss_on", "reset_position_ids", "reset_attention_mask", "eod_mask_loss", "min_lr",
-    "train_samples", "lr_decay_samples", "lr_warmup_samples", "exit_signal_handler",
+    "train_samples", "lr_decay_samples", "lr_warmup_samples", "lr_warmup_form", "exit_signal_handler",
     "async_dataloader", "auto_loss_scaling", "auto_resume", "batch_size", "checkpoint_input_dir",
     "checkpoint_output_dir", "compile_only", "custom_ops", "dataset", "device", "device_iterations",
     "embedding_serialization_factor", "enable_half_partials", "enable_sequence_serialized", "epochs",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,11 +258,11 @@ def _formula(schedule: str, u: int, warmup: int, total: int) -> float:
     return max(0.0, 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _multipliers(schedule: str, total: int, warmup: int, n: int) -> list[float]:
+def _multipliers(schedule: str, total: int, warmup: int, n: int, form: str = "transformers") -> list[float]:
     """LR / peak seen by updates 0..n-1, stepping the scheduler after each update."""
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=2.0)
-    sched = build_lr_schedule(opt, schedule, total_steps=total, warmup_steps=warmup)
+    sched = build_lr_schedule(opt, schedule, total_steps=total, warmup_steps=warmup, warmup_form=form)
     out = []
     for _ in range(n):
         out.append(opt.param_groups[0]["lr"] / 2.0)
@@ -298,6 +300,40 @@ def test_schedule_matches_transformers(schedule):
     }[schedule]()
     want = [hf.lr_lambdas[0](u) for u in range(total + 2)]
     assert _multipliers(schedule, total, warmup, n=total + 2) == pytest.approx(want, abs=1e-12)
+
+
+NANOGPT_TRAIN = Path(__file__).resolve().parents[3] / "shared" / "reference" / "nanogpt" / "train.py"
+
+
+@pytest.mark.skipif(not NANOGPT_TRAIN.is_file(), reason=f"no nanoGPT checkout at {NANOGPT_TRAIN.parent}")
+@pytest.mark.parametrize("total,warmup,floor", [(300, 20, 0.0), (30, 7, 0.1), (12, 0, 0.0)])
+def test_the_nanogpt_warmup_form_is_nanogpts_own_get_lr(total, warmup, floor):
+    """nanoGPT's get_lr, taken from its train.py unmodified, is the oracle of `--lr-warmup-form nanogpt`
+    with cosine decay to --min-lr, over the run's updates and the one after (further on, with --min-lr 0,
+    ours is transformers' cosine, which rises again)."""
+    tree = ast.parse(NANOGPT_TRAIN.read_text())
+    get_lr = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "get_lr")
+    scope = {"math": math, "warmup_iters": warmup, "lr_decay_iters": total, "learning_rate": 1.0, "min_lr": floor}
+    exec(compile(ast.Module(body=[get_lr], type_ignores=[]), str(NANOGPT_TRAIN), "exec"), scope)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    sched = build_lr_schedule(opt, "cosine", total, warmup, min_lr_ratio=floor, warmup_form="nanogpt")
+    got = []
+    for _ in range(total + 1):
+        got.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert got == pytest.approx([scope["get_lr"](u) for u in range(total + 1)], abs=1e-12)
+
+
+def test_the_warmup_forms_differ_only_in_the_warmup_and_the_default_learns_from_the_first_update():
+    nano, hf = (_multipliers("linear", 10, 4, 12, form) for form in ("nanogpt", "transformers"))
+    assert nano[:4] == pytest.approx([0.2, 0.4, 0.6, 0.8]) and hf[:4] == pytest.approx([0.0, 0.25, 0.5, 0.75])
+    assert nano[4:] == pytest.approx(hf[4:])
+    assert parse_args(["--dataset", "generated"]).optim.lr_warmup_form == "nanogpt"
+    with pytest.raises(UsageError, match="--lr-warmup-form gpt3 is not one of nanogpt, transformers"):
+        build_lr_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), "linear", 10, 4,
+                          warmup_form="gpt3")
 
 
 def test_schedule_state_dict_round_trip():
