@@ -13,7 +13,7 @@ SUBPACKAGES = "|".join(p.name for p in sorted((ROOT / "gpt2forge").iterdir())
                        if (p / "__init__.py").is_file() and p.name != "tools")  # tools/...: Megatron-LM's scripts
 MODULE = re.compile(rf"(?<![\w/.-])((?:{SUBPACKAGES})/[\w/]*\w\.py)\b")
 """A module named from inside the package (`train/optim.py`): it is gpt2forge/<that>, or a top-level file."""
-SOURCES = ("README.md", "docs/*.md", "*/README.md", "gpt2forge/**/*.py", "custom_ops/*", "run/*", "benchmarks/*",
+SOURCES = ("README.md", "docs/**/*.md", "*/README.md", "gpt2forge/**/*.py", "custom_ops/*", "run/*", "benchmarks/*",
            "tests/**/*.py", "data/*.py", "tasks/*", "Makefile", ".ci/*", "*.py")
 WRITTEN_BY_USERS = re.compile(r"(^|/)(my[-_]|example|your|out/|checkpoints/)")
 """Paths in examples that a user's command writes or brings (not files of this repository)."""
@@ -34,14 +34,16 @@ def named_paths() -> list[tuple[str, int, str]]:
     return found
 
 
-def exists(path: str) -> bool:
-    """A repository path, or one inside the package (`data/args.py`: the package's data/, not the tools')."""
-    return (ROOT / path).exists() or (ROOT / "gpt2forge" / path).exists()
+def exists(path: str, source: str) -> bool:
+    """A repository path, one inside the package (`data/args.py`: the package's data/, not the tools') or,
+    in a Markdown file, a link relative to its folder (docs/benchmarks.md's `benchmarks/x.md`)."""
+    relative = source.endswith(".md") and (ROOT / source).parent.joinpath(path).exists()
+    return (ROOT / path).exists() or (ROOT / "gpt2forge" / path).exists() or relative
 
 
 def test_the_paths_that_docs_and_comments_name_exist():
     missing = sorted({f"{source}:{line} names {path}" for source, line, path in named_paths()
-                      if not WRITTEN_BY_USERS.search(path) and path not in NOT_OURS and not exists(path)})
+                      if not WRITTEN_BY_USERS.search(path) and path not in NOT_OURS and not exists(path, source)})
     assert not missing, "paths that do not exist (moved or removed?):\n" + "\n".join(missing)
 
 
@@ -50,3 +52,7 @@ def test_the_check_finds_a_missing_path():
         "gpt2forge/train/args.py", "docs/nowhere.md"]
     assert MODULE.findall("(train/args.py, frontends/graphcore.py)") == ["train/args.py", "frontends/graphcore.py"]
     assert not (ROOT / "gpt2forge/train/args.py").exists()  # moved to gpt2forge/frontends/graphcore.py
+    # A Markdown link is relative to its file; elsewhere the same text names a repository path.
+    assert exists("benchmarks/2026-11-history.md", "docs/benchmarks.md")
+    assert not exists("benchmarks/2026-11-history.md", "README.md")
+    assert not exists("benchmarks/2026-11-history.md", "gpt2forge/train/trainer.py")
