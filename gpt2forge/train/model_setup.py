@@ -14,6 +14,7 @@ or loaded model, and the checkpoints of the run record the values used.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 import torch
@@ -146,6 +147,14 @@ def check_step_fits_host(cfg: TrainConfig) -> None:
                         "choose a smaller batch")
 
 
+def init_generator(seed: int) -> torch.Generator:
+    """The initial weights' own random stream, derived from --seed: the held-out split and each epoch's
+    order seed theirs with --seed itself, and one generator state shared by two draws ties them (as
+    Megatron and torchtitan keep the initialisation's seed apart from the data's)."""
+    digest = hashlib.sha256(f"gpt2forge initial weights, seed {seed}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
 def build_model(cfg: TrainConfig, device: torch.device,
                 shape: tuple[ModelConfig, Path | None] | None = None) -> tuple[GPT2LMHeadModel, Path | None]:
     """Model on `device` in fp32 (master weights), seeded init or checkpoint weights. `shape`:
@@ -154,7 +163,7 @@ def build_model(cfg: TrainConfig, device: torch.device,
     check_weights_fit_host(mcfg)
     if ckpt is None:
         model = GPT2LMHeadModel(mcfg)
-        model.init_weights(torch.Generator().manual_seed(cfg.data.seed))
+        model.init_weights(init_generator(cfg.data.seed))
     elif is_megatron_checkpoint(ckpt):
         model = GPT2LMHeadModel(mcfg)
         _, state = load_megatron_checkpoint(ckpt, vocab_size=mcfg.vocab_size)

@@ -25,7 +25,7 @@ from gpt2forge.data.indexed import IndexedWriter
 from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import Attention, Dropout, GPT2LMHeadModel
-from gpt2forge.train.model_setup import build_model
+from gpt2forge.train.model_setup import build_model, init_generator
 from gpt2forge.train.schedule import ScheduleLength, build_lr_schedule, schedule_length
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,6 +279,21 @@ def dropout_probabilities(model: torch.nn.Module) -> tuple[set[float], set[float
     attention = [m.attn_pdrop for m in model.modules() if isinstance(m, Attention)]
     assert len(hidden) == 1 + 2 * model.config.n_layer and len(attention) == model.config.n_layer
     return set(hidden), set(attention)
+
+
+def test_initial_weights_draw_from_a_stream_of_their_own(make_tiny_config):
+    """--seed picks the initial weights, but not from the generator state that the held-out split and
+    the first epoch's order start from (torch.Generator().manual_seed(seed)): the same seed, the same
+    weights; another seed, other weights; neither equal to a draw from the data's stream."""
+    def weights(seed: int) -> torch.Tensor:
+        args = ["--dataset", "generated", "--max-len", str(T), "--seed", str(seed),
+                "--model-config", str(make_tiny_config(n_positions=T))]
+        return build_model(parse_args(args), torch.device("cpu"))[0].transformer.wte.weight[:V]
+
+    first = weights(5)
+    assert torch.equal(first, weights(5)) and not torch.equal(first, weights(6))
+    assert torch.equal(first, torch.randn(first.shape, generator=init_generator(5)) * 0.02)
+    assert not torch.equal(first, torch.randn(first.shape, generator=torch.Generator().manual_seed(5)) * 0.02)
 
 
 @pytest.mark.parametrize("source", ["fresh", "hugging face"])
