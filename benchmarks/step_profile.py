@@ -1,8 +1,9 @@
 """Where one training step's time goes: GPT-2 small as `make train` trains it, profiled by category.
 
 Builds ours exactly as `benchmarks/train_throughput.py` does (GPT-2 small shape, dropout 0.1,
-`torch.compile`, the fused LM head + loss, fused AdamW, `step.train_step`), measures this CPU's
-fp32 matmul peak in the same run (an n x n x n matmul, best of several, before and after the
+`torch.compile`, the fused LM head + loss, fused AdamW, `step.train_step`) in `--precision` (bf16:
+autocast over fp32 master weights, as the trainer), measures this CPU's matmul peak in that precision
+in the same run (an n x n x n matmul, best of several, before and after the
 steps: the best is kept), times the compile step and `--steps` steady steps, then profiles
 `--profile-steps` steps with `torch.profiler` and sorts every operator's own time into:
 
@@ -67,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="wait up to this long for a 1-minute load below 0.5 before starting (0: report "
                         "the load at once, with a warning when the machine is not quiet)")
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps (averaged)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                   help="the step's precision and the peak's (bf16: autocast, as --precision bf16 trains)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--weight-decay", type=float, default=0.01)
@@ -126,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wait_for_quiet(args.wait_quiet)
     torch._inductor.config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
-    peak = measure_cpu_peak("fp32")
+    from gpt2forge.core.runtime import configure_matmul
+
+    configure_matmul(torch.device("cpu"), args.precision, half_partials=False)
+    peak = measure_cpu_peak(args.precision)
     cfg = _model_config(args.model, args.seq_len)
     torch.manual_seed(args.seed)
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     # gives logits hundreds of nats apart, whose softmax is denormal, and on an Intel CPU the LM head's
     # matmuls over denormals ran 12x slower (36 s against 3 s a step).
     model.init_weights(torch.Generator().manual_seed(args.seed))
-    step, info = _build_ours(args, torch.device("cpu"), "fp32", cfg, model)
+    step, info = _build_ours(args, torch.device("cpu"), args.precision, cfg, model)
     vocab = model.transformer.wte.weight.shape[0]  # padded rows: what the head multiplies
     gen = torch.Generator().manual_seed(args.seed)
     batch = torch.randint(0, cfg.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
@@ -156,15 +162,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.profile_steps):
             step(batch)
         profiled_s = (time.perf_counter() - t0) / args.profile_steps
-    peak = max(peak, measure_cpu_peak("fp32"))
+    peak = max(peak, measure_cpu_peak(args.precision))
 
     ms, by_op = breakdown(prof, args.profile_steps, cfg.n_embd, vocab)
     ms["framework overhead"] = max(profiled_s * 1e3 - sum(ms.values()), 0.0)
     tokens = args.batch_size * args.seq_len
     fpt = cfg.flops_per_token(args.seq_len)
-    print(f"{args.model}, B={args.batch_size}, T={args.seq_len}, fp32, {torch.get_num_threads()} threads; "
+    print(f"{args.model}, B={args.batch_size}, T={args.seq_len}, {args.precision}, {torch.get_num_threads()} threads; "
           f"{info['optimizer']}, compiled {info['compiled']}, LM loss {info['lm_loss']}")
-    print(f"fp32 matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s")
+    print(f"{args.precision} matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s")
     print(f"compile step {compile_s:.1f} s; steady step {step_s:.3f} s (median of {args.steps}), "
           f"profiled step {profiled_s:.3f} s (the profiler's own cost included)")
     print(f"\n{'category':42s} {'ms/step':>9s} {'share':>7s}")

@@ -64,10 +64,12 @@ def test_quality_parity_summary_compares_per_seed_and_mean_curves(capsys):
     assert "mean over seeds: ours reaches the Trainer's mean final held-out loss in 0.19x" in out
 
 
-def test_step_profile_prints_the_breakdown():
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_step_profile_prints_the_breakdown(precision):
     out = run(["benchmarks/step_profile.py", "--model", "gpt2-test", "--batch-size", "1", "--seq-len", "16",
-               "--steps", "1", "--profile-steps", "1"])
-    for line in ("matmul: qkv", "matmul: LM head", "optimizer", "framework overhead", "MFU"):
+               "--steps", "1", "--profile-steps", "1", "--precision", precision])
+    for line in ("matmul: qkv", "matmul: LM head", "optimizer", "framework overhead", "MFU",
+                 f"T=16, {precision},", f"{precision} matmul peak measured in this run"):
         assert line in out
 
 

@@ -313,3 +313,15 @@ def test_auto_lm_loss_is_fused_on_the_cpu_and_plain_on_a_gpu_unless_chunks_are_a
         assert resolved_lm_loss(MemoryArgs(**asked), "cuda") == "fused", asked
     assert resolved_lm_loss(MemoryArgs(lm_loss="fused"), "cuda") == "fused"
     assert resolved_lm_loss(MemoryArgs(lm_loss="plain"), "cpu") == "plain"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_gradients_add_into_fp32_as_their_widened_products(dtype):
+    """The bf16/fp16 products are added to the fp32 gradients without an fp32 copy of them: exactly
+    the sums that widening each product first gives."""
+    gen = torch.Generator().manual_seed(0)
+    d, h, w = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((5, 40), (5, 8), (40, 8)))
+    gh, gw = torch.randn(5, 8, generator=gen), torch.randn(40, 8, generator=gen)
+    want_h, want_w = gh + (d @ w).float(), gw + (d.T @ h).float()
+    lhl._add_grads(d, h, w, gh, gw)
+    assert torch.equal(gh, want_h) and torch.equal(gw, want_w)
