@@ -129,9 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wait_for_quiet(args.wait_quiet)
     torch._inductor.config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
-    from gpt2forge.core.runtime import configure_matmul
-
-    configure_matmul(torch.device("cpu"), args.precision, half_partials=False)
     peak = measure_cpu_peak(args.precision)
     cfg = _model_config(args.model, args.seq_len)
     torch.manual_seed(args.seed)

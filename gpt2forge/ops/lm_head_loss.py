@@ -161,8 +161,8 @@ def lm_head_ce_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 def _add_grads(d: torch.Tensor, h: torch.Tensor, Wv: torch.Tensor, gh: torch.Tensor, gw: torch.Tensor) -> None:
     """gh (n, C) += d @ Wv and gw (vlen, C) += d.T @ h for d (n, vlen), h (n, C), Wv (vlen, C) of
     one dtype; gh and gw are fp32 (in place: no (vlen, C) temporary when the inputs are fp32; in
-    bf16/fp16 the products are added as they are, widened element by element, with no fp32 copy of
-    them: the same sums, and for GPT-2's 50,257 x 768 weight 300 MB less written per token chunk)."""
+    bf16/fp16 the products are widened element by element as they are added, with no fp32 copy of
+    them: the same sums)."""
     if d.dtype == torch.float32:
         gh.addmm_(d, Wv)
         gw.addmm_(d.T, h)
