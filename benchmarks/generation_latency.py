@@ -25,12 +25,12 @@ vector, which keeps several read streams in flight; on some machines a single su
 slower), and a
 triad (a = b + 3c over three 256 MiB buffers, 3 x 256 MiB moved). The floor takes the faster of the
 two reads, so ours is measured against the fastest read of its bytes the run saw. The machine's
-bandwidth drifts within a run (36 GB/s at the start and 29 at the end of one; 44 to 80 GB/s within
-minutes on the AVX-512 EPYC), so batch-1 rounds also measure the two reads (best of 2 passes) just
-before and just after ours' timed generations and print ours against the faster of the two (the
-stricter floor), the median over rounds. That bandwidth also moves within seconds (on a VM the
-host's other tenants share it), so on CPU each batch-1 round then runs one more generation in which
-every decode step is followed by the multi-stream read of the weights' bytes, and prints each
+bandwidth drifts within a run (from its start to its end, and widely within minutes on the AVX-512
+EPYC: docs/benchmarks.md, Design measurements), so batch-1 rounds also measure the two reads (best
+of 2 passes) just before and just after ours' timed generations and print ours against the faster of
+the two (the stricter floor), the median over rounds. That bandwidth also moves within seconds (on a
+VM the host's other tenants share it), so on CPU each batch-1 round then runs one more generation in
+which every decode step is followed by the multi-stream read of the weights' bytes, and prints each
 step's time over that read's (paired_floor_ratios; the median over every step of every round). The
 decode target is ours at batch 1 within 1.1x the floor.
 Those rounds also print how far apart the cores of the decode kernels' two threads are (a cache
@@ -169,14 +169,15 @@ def round_trip_ns() -> float | None:
 def paired_floor_ratios(gen: Generator, prompts, n: int, nbytes: int) -> list[float]:
     """One generation of n tokens in which every decode step is followed by one read of `nbytes` by
     the CPU kernel's multi-stream read (its 1-row matmul over a buffer of that size, on all of
-    torch's threads even when the step uses fewer): each step's time over that read's. The
-    bandwidth a VM gets moves within seconds (other tenants of the host share it), so a step is
-    compared with a read ~10 ms away rather than with reads a whole generation before and after it.
-    The read is the kernel's, not sum()'s: sum() runs on torch's OpenMP threads, whose worker keeps
-    spinning for a while after it returns and would take the decode pool's second core from the
-    next step (and the pool's spinning helper would slow sum()). With the decode threads' cores close
-    the two reads agree within a few percent; with them far apart the kernel's is the slower
-    (53-59 against 64-76 GB/s at a run's start and end), so there this pairing is the lenient one."""
+    torch's threads even when the step uses fewer): each step's time over that read's. The bandwidth
+    a VM gets moves within seconds (other tenants of the host share it), so a step is compared with
+    the read right after it rather than with reads a whole generation before and after it. The read
+    is the kernel's, not sum()'s: sum() runs on torch's OpenMP threads, whose worker keeps spinning
+    for a while after it returns and would take the decode pool's second core from the next step
+    (and the pool's spinning helper would slow sum()). With the decode threads' cores close the two
+    reads agree within a few percent; with them far apart the kernel's is clearly the slower
+    (measured: docs/benchmarks.md, Design measurements), so there this pairing is the lenient
+    one."""
     x = torch.ones(-(-nbytes // 4096), 1024)  # the weights' bytes, rounded up to a 4 KiB row
     v = torch.ones(1, 1024)
     threads = torch.get_num_threads()  # the read on all of them, whatever the decode step uses

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     model = GPT2LMHeadModel(cfg)
     # GPT-2's initialisation, as train_throughput and the trainer do: the constructor's default init
     # gives logits hundreds of nats apart, whose softmax is denormal, and on an Intel CPU the LM head's
-    # matmuls over denormals ran 12x slower (36 s against 3 s a step).
+    # matmuls over denormals ran an order of magnitude slower (docs/benchmarks.md, Design measurements).
     model.init_weights(torch.Generator().manual_seed(args.seed))
     step, info = _build_ours(args, torch.device("cpu"), args.precision, cfg, model)
     vocab = model.transformer.wte.weight.shape[0]  # padded rows: what the head multiplies

@@ -30,7 +30,7 @@ neighbours move its reads by 20% from run to run. The targets are ratios (STYLE.
 benchmarks, never by timed tests); missing it is reported, not an error.
 
     .venv/bin/python benchmarks/train_throughput.py                      # B=4, T=256, fp32 + bf16
-    # a CPU without bf16 instructions (AVX2-only x86) emulates bf16 ~100x slower: skipped unless asked
+    # an AVX2-only x86 (no bf16 instructions) emulates bf16, orders of magnitude slower: skipped unless asked
     .venv/bin/python benchmarks/train_throughput.py --precisions bf16 --include-emulated --batch-size 1 --seq-len 32
     .venv/bin/python benchmarks/train_throughput.py --precisions bf16 --steps 5 --json out.json
 """

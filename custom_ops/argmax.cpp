@@ -4,10 +4,10 @@
 // LM head's gemv (gemv.cpp), whose threads each wrote part of them, so much of a row sits in
 // another core's cache; ATen's argmax reads it one value at a time on one thread. Here the row is
 // cut into parts shared by the decode pool's threads (pool.h) and each part is scanned 32 values a
-// step (AVX2): a GPT-2 row of 50257 logits straight after the head's call takes 20 against ATen's
-// 47 us (2-core AVX-512 EPYC). The
-// result is torch.argmax's: the first index of the largest value, and the first NaN's index when a
-// row has a NaN (torch treats NaN as the largest value). The reference is torch.argmax
+// step (AVX2), so a GPT-2 row of 50257 logits straight after the head's call is scanned sooner than
+// by ATen's argmax (measured: docs/benchmarks.md, Design measurements). The result is
+// torch.argmax's: the first index of the largest value, and the first NaN's index when a row has a
+// NaN (torch treats NaN as the largest value). The reference is torch.argmax
 // (tests/ops/test_custom_ops.py).
 
 #include <ATen/ATen.h>
@@ -49,9 +49,10 @@ Best scan_portable(const float* p, int64_t lo, int64_t hi) {
 #ifdef GPT2FORGE_ARGMAX_AVX2
 // The same, 32 values a step in 4 x 8 lanes: lane j of set s keeps the first index of its largest
 // value among the positions 8s + j mod 32, so the smallest index among the lanes holding the
-// overall largest value is the first one. (One set of 8 lanes waits on its compare and blend every
-// step: 10.4 us a hot GPT-2 row against 2.2 for a sum.) A NaN anywhere sends the part to
-// scan_portable for its first NaN.
+// overall largest value is the first one. (With one set of 8 lanes every step waits on the last
+// step's compare and blend, and the scan runs well behind a sum over the same row; measured:
+// docs/benchmarks.md, Design measurements.) A NaN anywhere sends the part to scan_portable for its
+// first NaN.
 __attribute__((target("avx2"))) Best scan_avx2(const float* p, int64_t lo, int64_t hi) {
   constexpr int kSets = 4;
   if (hi - lo < 8 * kSets * 2) return scan_portable(p, lo, hi);

@@ -3,9 +3,9 @@
 //
 // The C++ twins of megatron/core/datasets/helpers.cpp's functions of the same names: for each
 // sample of the blend, the corpus whose share lags its weight most (ties to the lowest index), and
-// that corpus's next sample. Each choice depends on every earlier one, so the loop is sequential;
-// in Python it took 0.7 s per million samples with three corpora (benchmarks/blend_order.py), and a
-// GPT-2-scale blend has hundreds of millions. The arithmetic is Megatron's, in double precision and
+// that corpus's next sample. Each choice depends on every earlier one, so the loop is sequential,
+// slow in Python (benchmarks/blend_order.py; its figures in docs/data.md), and a GPT-2-scale blend
+// has hundreds of millions of samples. The arithmetic is Megatron's, in double precision and
 // in its order (weight * max(sample, 1) - taken), so the arrays are equal to Megatron-Core's, which
 // tests/data/test_megatron_core_parity.py checks; the pure-Python references with the same contract
 // (the fallback without this library) are gpt2forge.data.blend.blending_indices_reference and

@@ -3,10 +3,11 @@
 // A decode step's attention reads the cache: at GPT-2 small, B=1, 192 slots, that is 14 MB per token
 // over the 12 layers, next to 498 MB of weights. SDPA under the cache's (B, 1, 1, S) mask reads and
 // scores every slot, the ones not written yet included, and its bookkeeping per call costs more than
-// the arithmetic: 2.25 ms of a 20.6 ms token in the profile of benchmarks/generation_latency.py's
-// shape. This kernel reads only slots pad[b] .. slot of each row (the query in `slot` attends to the
-// row's real tokens up to itself, as gpt2forge.generate.kv_cache.attention_mask says; a padding
-// query, slot < pad[b], attends to itself alone), each key and value once.
+// the arithmetic (in the profile of benchmarks/generation_latency.py's shape; measured:
+// docs/benchmarks.md, Design measurements). This kernel reads only slots pad[b] .. slot of each row
+// (the query in `slot` attends to the row's real tokens up to itself, as
+// gpt2forge.generate.kv_cache.attention_mask says; a padding query, slot < pad[b], attends to
+// itself alone), each key and value once.
 //
 // q (B, H, 1, D); k_cache, v_cache (B, H, S, D), contiguous, the new key and value already stored
 // in `slot`; pad (B,) int64; slot a one-element int64 tensor (a tensor, so that a compiled decode step
@@ -51,15 +52,16 @@ template <typename T>
 // The slots of one (row, head) are read as kSegments interleaved segments (slot j of each at once),
 // so that that many cache-line streams are in flight: the cache comes from memory (the step's
 // weights evict it), and one stream at a time left a core waiting on each line. The kernel is
-// bound by that read: at 128 slots a layer's keys and values are 790 KB. With the AVX2 clone and
-// the vectorized exp below, a layer's call took 52-53 us against 64-70 us before (AVX2 machine;
-// docs/benchmarks.md, "Design measurements", has these kernels' A/Bs).
+// bound by that read: at 128 slots a layer's keys and values are 790 KB. The AVX2 clone and the
+// vectorized exp below made a layer's call faster on the AVX2 machine (docs/benchmarks.md, "Design
+// measurements", has these kernels' A/Bs).
 constexpr int64_t kSegments = 4;
 
 // While the scores are taken, each segment asks for its key row kAheadRows ahead, and for the value
 // row of the key being scored (the values are read next): the memory system then has the values
-// and the coming keys in flight while the core computes: at 128 filled slots a call took 39.3 us
-// against 54.2 us without prefetches (AVX-512 EPYC; 2 and 8 rows ahead were no better than 4).
+// and the coming keys in flight while the core computes, and a call with the cache evicted is
+// faster than without prefetches (AVX-512 EPYC; 2 and 8 rows ahead were no better than 4; measured:
+// docs/benchmarks.md, Design measurements).
 constexpr int64_t kAheadRows = 4;
 
 // Asks for a row's cache lines ahead of their use (a prefetch never faults).
@@ -116,7 +118,7 @@ template <typename T, typename O>
 }
 
 // attend_one compiled for AVX2 and for baseline x86-64 (vec_math.h); with AVX2 a (row, head) takes
-// about half the time.
+// less time (measured: docs/benchmarks.md, Design measurements).
 #define GPT2FORGE_MULTIVERSION GPT2FORGE_TARGET_CLONES("avx2", "default")
 
 GPT2FORGE_MULTIVERSION
@@ -164,9 +166,10 @@ template <typename T>
 // their lanes summed together by sums8), the softmax's max and exp 8 scores at a time, the weighted
 // values in 8 registers; keys and values read as one stream each, asked for kAheadRows8 rows ahead.
 // The generic loop compiled to a scalar exp and max and kept its partial sums in memory. In a
-// decode step, where the weights' stream has evicted the cache, a layer's call takes 23.5-24.5 us
-// here against 31-34 for the generic loop (AVX-512 EPYC, its two vCPUs on one core complex): about
-// the machine's read bandwidth for 786 KB of keys and values.
+// decode step, where the weights' stream has evicted the cache, a layer's call is faster here than
+// in the generic loop and reads its 786 KB of keys and values at about the machine's read bandwidth
+// (AVX-512 EPYC, its two vCPUs on one core complex; measured: docs/benchmarks.md, Design
+// measurements).
 constexpr int64_t kAheadRows8 = 8;
 
 template <typename T, typename O>
@@ -263,8 +266,9 @@ void attend_pairs(const float* q, const T* k, const T* v, const int64_t* pad, in
   // One chunk of consecutive (row, head) pairs per thread, so that a pair goes to the same thread
   // token after token (the caller claims chunk 0 first) and its cache lines stay with that core.
   // With the VM's two vCPUs on different core complexes (gpt2forge::pool_round_trip_ns) the time
-  // from the qkv matmul to the next took 32-36 us a layer against 41-46 with a chunk per pair, which
-  // the threads took in a different order each token; with them close it made no difference.
+  // from the qkv matmul to the next was shorter than with a chunk per pair, which the threads took
+  // in a different order each token; with them close it made no difference (measured:
+  // docs/benchmarks.md, Design measurements).
   const int threads = pool_threads();
   const int64_t pairs = B * H, per = (pairs + threads - 1) / threads;
   const AttendJob<T, O> job{q, k, v, pad, H, S, D, slot, scale, work.get(), out, pairs, per};

@@ -4,11 +4,11 @@
 // A compiled decode step spends its time reading the weights (gemv.cpp) and, around that, entering
 // and leaving the graph: inductor's wrapper takes ~175 tensors in and releases them after, and a
 // dozen small kernels and dispatcher calls run between the matmuls of each layer. On GPT-2 small
-// that was 0.66-0.79 ms of a 10-12 ms token on the 2-core EPYC (rdtsc traces of every matmul call:
-// 222-282 us from the LM head's matmul to the next token's first, 3-5 us between the other matmuls
-// of a layer). Here the step's small work runs in plain loops on the calling thread between the same
-// matmul and attention kernels (gemv_into, attend_into), entered once per token: 0.44-0.55 ms in the
-// same traces (120-157 us between tokens, 0.5-2.4 us between the matmuls).
+// on the 2-core EPYC that work showed in rdtsc traces of every matmul call as the gap from the LM
+// head's matmul to the next token's first and the gaps between a layer's other matmuls. Here the
+// step's small work runs in plain loops on the calling thread between the same matmul and attention
+// kernels (gemv_into, attend_into), entered once per token, which shortens both kinds of gap in
+// the same traces (measured: docs/benchmarks.md, Design measurements).
 //
 // DecodeModel(params, caches, scales, n_head, eps, activation) holds:
 //   params: wte (Vp, C), wpe (P, C), then per layer ln_1 weight, bias (C,); c_attn weight (3C, C),
@@ -104,8 +104,8 @@ inline float gelu_tanh(float v) {
 }
 
 #ifdef GPT2FORGE_AVX2
-// gelu_tanh over n values, 8 at a time, in the scalar function's arithmetic (2.2 us for GPT-2
-// small's 3072 values from the cache).
+// gelu_tanh over n values, 8 at a time, in the scalar function's arithmetic (its time on GPT-2
+// small's 3072 values: docs/benchmarks.md, Design measurements).
 __attribute__((target("avx2"))) void gelu_tanh_avx2(float* x, int64_t n) {
   const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
   int64_t i = 0;
@@ -155,8 +155,9 @@ void add_bias(float* y, const T* b, int64_t M, int64_t N) {
 
 // What the MLP's first matmul does to its outputs, on the thread that computed them: a bf16 bias
 // (fp32 ones go into the kernel's stores), then the activation. Done by the caller after the matmul,
-// the activation took 9.7 us of GPT-2 small's layer (3072 values, half of them computed on the
-// other core) where it takes 2.2 us from the cache.
+// the activation over GPT-2 small's 3072 values (half of them computed on the other core) took
+// longer than the same work on values in the caller's cache (measured: docs/benchmarks.md, Design
+// measurements).
 template <typename T>
 struct BiasActivation {
   const T* bias;  // null: none to add
@@ -297,7 +298,8 @@ at::Tensor step(const std::vector<at::Tensor>& params, const std::vector<at::Ten
 
 // The model's tensors and settings, checked once; step() runs a token through them. A class rather
 // than an op taking the ~150 tensors each call: through the dispatcher, that call's entry and return
-// took ~110 us a token (the list's conversion, and the autograd fallback's work on the mutated caches).
+// cost each token the list's conversion and the autograd fallback's work on the mutated caches
+// (measured: docs/benchmarks.md, Design measurements).
 struct DecodeModel : torch::CustomClassHolder {
   std::vector<at::Tensor> params, caches;
   std::vector<double> scales;

@@ -1,16 +1,17 @@
 // gpt2forge::dropout_mask: a dropout keep-mask drawn on every thread.
 //
 // gpt2forge.model.dropout.dropout_keep_mask needs n bool decisions "keep with probability
-// 1 - threshold / 2^15". ATen's CPU random_() runs one Mersenne Twister on one thread: 84 ms of a
-// GPT-2 small training step (B=4, T=256, dropout 0.1) in the profile, plus the passes that turn its
-// bits into bools. Here decision i takes 15 bits, from bit 16 * (i % 4) up, of 64-bit word i / 4 of
-// the SplitMix64 sequence started at `seed` (word w = mix(seed + (w + 1) * golden ratio), the
+// 1 - threshold / 2^15". ATen's CPU random_() runs one Mersenne Twister on one thread, a visible
+// part of a GPT-2 small training step (B=4, T=256, dropout 0.1) in the profile, plus the passes that
+// turn its bits into bools. Here decision i takes 15 bits, from bit 16 * (i % 4) up, of 64-bit word
+// i / 4 of the SplitMix64 sequence started at `seed` (word w = mix(seed + (w + 1) * golden ratio), the
 // generator of Java's SplittableRandom and of xoshiro's seeding; its authors report that it passes
 // BigCrush). A word depends only on its index, so threads fill disjoint ranges and the mask does
 // not depend on the thread count. The seed comes from torch's generator (the Python caller draws
-// it), so torch.manual_seed reproduces the masks, compiled or eager. 3.1M decisions (one GPT-2
-// small layer's attention probabilities at B=4, T=256) take 1.7 ms against 6.0-7.8 ms for random_()
-// and the two passes after it on the 2-core AVX2 machine (docs/benchmarks.md, "Design measurements").
+// it), so torch.manual_seed reproduces the masks, compiled or eager. On the 2-core AVX2 machine
+// this draws one GPT-2 small layer's attention-probability mask (3.1M decisions at B=4, T=256)
+// faster than random_() and the two passes after it (measured: docs/benchmarks.md, "Design
+// measurements").
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

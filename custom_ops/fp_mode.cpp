@@ -4,10 +4,10 @@
 // A value below 1.2e-38 (a denormal) costs an Intel core a microcode assist on every multiply that
 // reads or makes one. A softmax whose logits lie more than 87 apart makes them, and the gradient
 // of the LM head then carries them into its matmuls: on the 2-core AMX Xeon GPT-2 small's training
-// step took 36-42 s instead of 2.9-3.0 (model left at nn.Linear's default initialisation, logits
-// hundreds apart). With these modes such values read
-// and come out as zero, as TensorFlow's CPU runtime and oneDNN's kernels arrange; what they change
-// is below fp32's normal range (and bf16's, whose exponent range is fp32's).
+// step took far longer (model left at nn.Linear's default initialisation, logits hundreds apart;
+// measured: docs/benchmarks.md, Design measurements). With these modes such values read and come
+// out as zero, as TensorFlow's CPU runtime and oneDNN's kernels arrange; what they change is below
+// fp32's normal range (and bf16's, whose exponent range is fp32's).
 //
 // The modes live in each thread's MXCSR register. torch.set_flush_denormal sets the calling thread's
 // only, and a thread inherits them only when it is created, so once torch's OpenMP threads exist

@@ -2,13 +2,14 @@
 //
 // Decoding one token is a chain of matrix-vector products: at batch 1 every weight byte is read
 // once per token, so a decode step is bound by memory bandwidth. BLAS sgemm/sgemv calls with
-// M = 1..8 rows read GPT-2 small's 498 MB of fp32 weights at 12-17 GB/s on the 2-core AVX2
-// development machine. This kernel hands W out in chunks of rows to the calling thread and its
-// helper threads (Pool, pool.h). Within a chunk, one row of x is multiplied with S rows of W at a
-// time, taken from S slices of the chunk, so that S read streams are in flight (on the AVX2 machine
-// 8 streams read 17-21 GB/s on one core where a row after another gave 13-15). S is 4 or 8, set by
-// gpt2forge::gemv_set_streams: which is faster depends on the machine's memory system (8 on the
-// AVX2 machine, 4 on the AVX-512 EPYC), so gpt2forge.generate.generator measures both.
+// M = 1..8 rows read GPT-2 small's 498 MB of fp32 weights more slowly than this kernel on the
+// 2-core AVX2 development machine (measured: docs/benchmarks.md, Design measurements). This kernel
+// hands W out in chunks of rows to the calling thread and its helper threads (Pool, pool.h). Within
+// a chunk, one row of x is multiplied with S rows of W at a time, taken from S slices of the chunk,
+// so that S read streams are in flight (on the AVX2 machine 8 streams read faster on one core than
+// a row after another). S is 4 or 8, set by gpt2forge::gemv_set_streams: which is faster depends
+// on the machine's memory system (8 on the AVX2 machine, 4 on the AVX-512 EPYC), so
+// gpt2forge.generate.generator measures both.
 //
 // Chunks are guided: each takes 1/(2 x threads) of the rows still unassigned, at most kMaxChunkBytes
 // of W and at least kMinChunkBytes, so the last chunks are small and no thread waits long for
@@ -22,7 +23,7 @@
 // bf16 weights are read as bf16 (half the bytes) and widened to fp32 in registers; x and the
 // accumulation are fp32 (x is converted once per call), the result is rounded to x's dtype. On a
 // CPU without bf16 instructions this is also how bf16 prefill runs: ATen computes bf16 matmuls
-// there through conversions at about 1 GFLOP/s.
+// there through conversions, far slower (measured: docs/benchmarks.md, Design measurements).
 //
 // x (M, K) and W (N, K) on the CPU, both fp32 or both bf16, b (N,) of the same dtype or absent. The PyTorch
 // reference is F.linear (gpt2forge.generate.gemv.gemv_linear falls back to it, and tests compare
@@ -73,23 +74,23 @@ void dots_portable(const float* __restrict x, int64_t ldx, const W* __restrict w
 
 #ifdef GPT2FORGE_AVX2
 // How far ahead of its reads each stream asks for W's lines. The hardware prefetchers restart at
-// every chunk and slice; asking 1 KiB ahead made a GPT-2 small token 10.74 against 11.25 ms on the
-// AVX-512 EPYC (2 and 4 KiB ahead were no better).
+// every chunk and slice; asking 1 KiB ahead made a GPT-2 small token faster on the AVX-512 EPYC
+// (2 and 4 KiB ahead were no better; measured: docs/benchmarks.md, Design measurements).
 constexpr int64_t kAheadBytes = 1024;
 // The several-rows loops read one row of W at a time, each row one stream: asking 4 KiB ahead (into
-// the next rows) instead of 1 KiB took two threads from 18.2 to 22.6-24.8 GB/s with 2 rows of x on
-// the AMX Xeon.
+// the next rows) instead of 1 KiB made two threads read W faster with 2 rows of x on the AMX Xeon
+// (measured: docs/benchmarks.md, Design measurements).
 constexpr int64_t kPackedAheadBytes = 4096;
 
 // Which prefetch instruction asks for W is a setting (gpt2forge::gemv_set_prefetch), because the best
-// one depends on the CPU by a factor of three:
+// one depends on the CPU, by far (measured: docs/benchmarks.md, Design measurements):
 // - kNonTemporal (prefetchnta). W is read once per token, and a temporal fetch of half a GB evicts
 //   from every cache level what the rest of the step and the Python loop around it use again each
 //   token (activations, the KV cache, the step's input tensors, the interpreter's own data). On the
-//   AVX-512 EPYC, with NTA the time a GPT-2 small token spent outside the matmul calls fell from 816
-//   to 492 us (in its slower memory state; no difference in the faster one).
-// - kTemporal (prefetcht2, into L2). On the AMX Xeon NTA capped each core at about 5 GB/s, where T2
-//   read 15-16: there the decode step took twice transformers' time. The default, as the safe one.
+//   AVX-512 EPYC, with NTA a GPT-2 small token spent less time outside the matmul calls (in its
+//   slower memory state; no difference in the faster one).
+// - kTemporal (prefetcht2, into L2). On the AMX Xeon NTA capped each core's read of W far below
+//   T2's: there the decode step fell behind transformers'. The default, as the safe one.
 // gpt2forge.generate.generator measures both and keeps the faster.
 enum Prefetch : int { kNonTemporal = 0, kTemporal = 1 };
 
@@ -163,8 +164,9 @@ __attribute__((target("avx2,fma"))) void packed_dots_avx2(const float* __restric
 // accumulator, k in steps of 16, then the 16 lanes folded to 8 (lane i + lane i + 8) and reduced by
 // lane_sum, then the K % 16 tail one value at a time. Both forms reduce a row the same way, so in
 // this mode too a row gives the same bits alone and in a batch; the bits differ from the 8-lane
-// mode's. With several rows of x the 8-lane loop is bound by its loads and FMAs, not by memory:
-// GPT-2 small's decode at batch 8 read W at ~14 GB/s against ~30 at batch 1 on the AMX Xeon.
+// mode's. With several rows of x the 8-lane loop is bound by its loads and FMAs, not by memory: on
+// the AMX Xeon GPT-2 small's decode read W more slowly at batch 8 than at batch 1 (measured:
+// docs/benchmarks.md, Design measurements).
 __attribute__((target("avx512f"))) inline float lane_sum16(__m512 v) {
   const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));  // AVX512F only
   return lane_sum(_mm256_add_ps(_mm512_castps512_ps256(v), high));
@@ -292,8 +294,8 @@ struct GemvJob {
       return;
     }
     // kTileW rows of W at a time into a (M, kTileW) tile, written out row of y by row of y. Storing
-    // each result straight into y (M stores N floats apart per row of W) halved the loop's speed
-    // (8 rows of x, one thread: 38.9 against 72.9 GFLOP/s with the tile).
+    // each result straight into y (M stores N floats apart per row of W) made the loop slower
+    // (measured: docs/benchmarks.md, Design measurements).
     thread_local std::vector<float> tile_buffer;  // this thread's, grown to the largest M seen
     if (tile_buffer.size() < static_cast<size_t>(M * kTileW)) tile_buffer.resize(static_cast<size_t>(M * kTileW));
     float* tile = tile_buffer.data();
@@ -447,11 +449,12 @@ struct PingPong {
 
 // The round trip of a cache line between the caller's core and the pool's first helper's, in ns
 // (the mean over `rounds` exchanges); NaN when no helper took part. How far apart the two cores
-// are shapes every call: on the 2-core AVX-512 EPYC VM this read 40-65 ns at times and 364-395 ns
-// at others (the two vCPUs on different core complexes, each with its own L3 and memory path), and
-// the decode step's work outside its matmuls, which passes data between the threads, took about
-// 1.1 ms a token in the far state against 0.5-0.9 in the near one
-// (benchmarks/generation_latency.py prints it with each round).
+// are shapes every call: on the 2-core AVX-512 EPYC VM this reads short at times and much longer
+// at others (the two vCPUs on different core complexes, each with its own L3 and memory path),
+// and the decode step's work outside its matmuls, which passes data between the threads, takes
+// longer in the far state than in the near one (benchmarks/generation_latency.py prints it with
+// each round; the figures: docs/benchmarks.md, "What the two bandwidth states of the AVX-512 EPYC
+// are").
 double pool_round_trip_ns(int64_t rounds) {
   TORCH_CHECK(rounds >= 1, "gpt2forge::pool_round_trip_ns: expected rounds >= 1, got ", rounds);
   for (int attempt = 0;; ++attempt) {  // a helper started by the first job only takes part in later ones

@@ -140,14 +140,14 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
 
 // (n, vlen) fp32 logits of the vocabulary columns [v0, v0 + vlen): h (n, C) @ W[v0:v0 + vlen].T.
 // One mm with an (n, 50k)-wide output runs well below the speed of mm's whose output fits the
-// cache (MKL, 2-core AVX2, n = 667, C = 768: 110 vs 165-175 GFLOP/s). So the columns go in tiles,
-// each computed by one thread: one parallel region for all tiles (many small multi-threaded mm's
-// would each pay a barrier, which costs most on a loaded machine). In fp32 a tile is written in
-// place (its rows vlen apart, as BLAS takes them) instead of into a temporary copied after: with
-// row_max's sixteen lanes, GPT-2 small's head + loss (1024 tokens in chunks of 667, fp32, with
-// gradients) took 715-735 against 757-776 ms on the 2-core AMX Xeon. Measuring each row's stretch
-// of a tile (max, exp-sum) in the same thread while it is in its cache was slower there than the
-// separate pass below.
+// cache (MKL, 2-core AVX2, n = 667, C = 768). So the columns go in tiles, each computed by one
+// thread: one parallel region for all tiles (many small multi-threaded mm's would each pay a
+// barrier, which costs most on a loaded machine). In fp32 a tile is written in place (its rows vlen
+// apart, as BLAS takes them) instead of into a temporary copied after: with row_max's sixteen
+// lanes, GPT-2 small's head + loss (1024 tokens in chunks of 667, fp32, with gradients) ran faster
+// that way on the 2-core AMX Xeon. Measuring each row's stretch of a tile (max, exp-sum) in the
+// same thread while it is in its cache was slower there than the separate pass below. (Measured:
+// docs/benchmarks.md, Design measurements.)
 constexpr int64_t kLogitsTile = 256;  // columns; 2-core AVX2: 128-512 measured alike
 
 at::Tensor logits_of(const at::Tensor& h, const at::Tensor& W, int64_t v0, int64_t vlen) {

@@ -22,19 +22,21 @@ namespace gpt2forge {
 // next unclaimed chunk until none is left, and the caller returns once every claimed chunk is
 // done. A helper that is not running (another process has its core) claims nothing, so it never
 // holds the caller up; an OpenMP `parallel for` waits for every thread of its team instead, and
-// on the shared 2-core development machine that wait turned a 0.1 ms call into 8 ms. (A helper
-// descheduled while it holds a chunk still makes the caller wait: under steady load on the other
-// core one thread is faster, which Generator's thread probe finds out.) Idle helpers spin for
-// kSpin, then sleep until the next job. One job at a time: a second caller (another Python thread,
-// or a call from inside a parallel region) runs its job alone.
+// on the shared 2-core development machine that wait made a short call far longer (measured:
+// docs/benchmarks.md, Design measurements). (A helper descheduled while it holds a chunk still
+// makes the caller wait: under steady load on the other core one thread is faster, which
+// Generator's thread probe finds out.) Idle helpers spin for kSpin, then sleep until the next job.
+// One job at a time: a second caller (another Python thread, or a call from inside a parallel
+// region) runs its job alone.
 class Pool {
  public:
   using Body = void (*)(const void* ctx, int64_t chunk);
   static constexpr int kMaxHelpers = 63;
   // How long an idle helper spins before it sleeps: longer than the gap between two decode steps
-  // (GPT-2 small: ~0.3 ms from the LM head's matmul to the next token's first, the token chosen and
-  // the compiled step entered in between). A sleeping helper joined that first matmul up to 80 us
-  // late (futex wake-up, AVX-512 EPYC VM): spinning on, a whole token took 8.14 ms against 8.27.
+  // (GPT-2 small: from the LM head's matmul to the next token's first, the token chosen and the
+  // compiled step entered in between). A sleeping helper joined that first matmul late (futex
+  // wake-up, AVX-512 EPYC VM); spinning on avoids that late wake-up and makes whole tokens faster
+  // (measured: docs/benchmarks.md, Design measurements).
   static constexpr std::chrono::microseconds kSpin{2000};
 
   static Pool& get() {

@@ -28,7 +28,8 @@
 namespace gpt2forge {
 namespace {
 
-// Documents per thread below which one thread does it all (a parallel region costs ~10 us).
+// Documents per thread below which one thread does it all (starting a parallel region costs more
+// than it saves; measured: docs/benchmarks.md, Design measurements).
 constexpr int64_t kChunkDocs = 1 << 16;
 
 template <typename DocT, typename OutT>

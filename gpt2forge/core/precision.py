@@ -1,8 +1,9 @@
 """`--precision auto` on a CPU: bf16 autocast or fp32, whichever trains faster here, measured.
 
 A CPU's flags do not say whether bf16 pays. With AMX, bf16 matmuls run several times faster than
-fp32 ones. With avx512_bf16 alone, one Xeon trained GPT-2 small slower in bf16 than in fp32 (195
-against 343 tokens/s). Without either, oneDNN emulates bf16 about 100x slower.
+fp32 ones. With avx512_bf16 alone, one Xeon trained GPT-2 small slower in bf16 than in fp32.
+Without either, oneDNN emulates bf16, orders of magnitude slower than fp32 (measured:
+docs/benchmarks.md, Design measurements).
 
 So `auto` times one training-shaped probe in both precisions and takes bf16 only where it is at
 least `MARGIN` faster. The probe is a GPT-2 MLP block's forward and backward under autocast, best of

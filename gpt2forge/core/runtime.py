@@ -96,8 +96,8 @@ def with_index(device: torch.device) -> torch.device:
 
 def cpu_half_matmul_is_emulated(precision: str) -> bool:
     """True when oneDNN has no bf16/fp16 matmul kernels for this CPU (bf16 needs AVX-512 or newer,
-    fp16 AVX-512-FP16/AMX): autocast matmuls are then emulated, ~100x slower than fp32 on an
-    AVX2-only x86 (2-core EPYC, 1024x768x2304: 1.2 vs 158 GFLOP/s)."""
+    fp16 AVX-512-FP16/AMX): autocast matmuls are then emulated, orders of magnitude slower than
+    fp32 on an AVX2-only x86 (measured: docs/benchmarks.md, Design measurements)."""
     check = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}.get(precision)
     if check is None or not torch.backends.mkldnn.is_available():
         return False
@@ -169,10 +169,10 @@ def deterministic_algorithms(mode: str, device: torch.device):
     block, torch's previous setting restored after. Eager CPU runs repeat bit for bit without it;
     compiled ones did not: inductor's CPU scatter-add (the embedding's gradient) adds with atomics
     in whatever order the threads reach a row. In deterministic mode it calls ATen's ordered kernel
-    instead: GPT-2 small's compiled CPU step 2.786 against 2.796 s (10 alternating rounds), and
-    `make train`'s model repeats to the bit. Uninitialised memory is not filled (the trainer reads
-    none). On CUDA, "true" sets CUBLAS_WORKSPACE_CONFIG (when unset, before cuBLAS starts) and
-    only warns where an operator has no deterministic kernel."""
+    instead, at no measurable cost to GPT-2 small's compiled CPU step (measured: docs/benchmarks.md,
+    Design measurements), and `make train`'s model repeats to the bit. Uninitialised memory is not
+    filled (the trainer reads none). On CUDA, "true" sets CUBLAS_WORKSPACE_CONFIG (when unset,
+    before cuBLAS starts) and only warns where an operator has no deterministic kernel."""
     on = mode == "true" or (mode == "auto" and device.type == "cpu")
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
               torch.utils.deterministic.fill_uninitialized_memory)

@@ -177,8 +177,8 @@ def exhaustive_indices(sizes: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def blending_indices_reference(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
-    """``blending_indices`` in Python (a loop per sample: ~0.7 s per million samples of a
-    three-corpus blend), the fallback without the custom ops library and the op's test oracle."""
+    """``blending_indices`` in Python (a loop per sample, far slower than the op: measured in
+    docs/data.md), the fallback without the custom ops library and the op's test oracle."""
     w = [float(x) for x in weights]
     n = len(w)
     counts = [0] * n

@@ -1,12 +1,12 @@
 """The CPU decode step as one C++ call: `gpt2forge.DecodeModel` (custom_ops/decode_step.cpp).
 
 A decode step reads every weight once; what it does besides is small, but on the CPU the compiled
-step spent 0.66-0.79 ms of a GPT-2 small token outside its matmuls (rdtsc traces, the two cores
-close), much of it entering and leaving inductor's graph and running a dozen small kernels per
-layer between the matmuls: 0.44-0.55 ms in the fused step. The fused step runs the same matmul and attention
-kernels (custom_ops/gemv.cpp, decode_attention.cpp) with that work in plain loops between them, from
-one call per token. `Generator(compile=True)` (`--poptorch-loop`) uses it on the CPU whenever
-`FusedDecodeStep.of` accepts the model, and inductor's compiled step otherwise.
+step spent a measurable part of each token outside its matmuls, much of it entering and leaving
+inductor's graph and running a dozen small kernels per layer between the matmuls; the fused step
+spends less there (measured: docs/benchmarks.md, Design measurements). It runs the same matmul and
+attention kernels (custom_ops/gemv.cpp, decode_attention.cpp) with that work in plain loops between
+them, from one call per token. `Generator(compile=True)` (`--poptorch-loop`) uses it on the CPU
+whenever `FusedDecodeStep.of` accepts the model, and inductor's compiled step otherwise.
 
     step = FusedDecodeStep.of(cached_lm)       # None: not this model, device or build
     logits = step(ids, slots, pad)             # as cached_lm(ids, slots, pad) for one token, in fp32

@@ -2,17 +2,18 @@
 
 A decode step multiplies 1 to 8 rows (one per sequence of the batch) by every weight matrix, so
 its time is the time to read the weights (bf16 weights: half the bytes). `gemv_linear`
-(custom_ops/gemv.cpp) streams each weight once at 17-21 GB/s on one core and 20-24 GB/s on two,
-where BLAS reaches 12-17 GB/s, on the 2-core AVX2 development machine (benchmarks/generation_latency.py
-has the whole-token figures). `gemv_threads(n)` sets how many threads it uses, `gemv_streams(s)`
-how many read streams one row of x keeps in flight at batch 1 (4 or 8: the faster depends on the
-machine), `gemv_prefetch(hint)` which prefetch instruction asks for W ahead of its reads and
-`gemv_lanes(n)` whether its loops are AVX2's (8 lanes) or AVX-512's (16). Its
+(custom_ops/gemv.cpp) streams each weight once, faster than BLAS reads them for these shapes on the
+2-core AVX2 development machine (measured: docs/benchmarks.md, Design measurements;
+benchmarks/generation_latency.py gives the whole-token figures). `gemv_threads(n)` sets how many
+threads it uses, `gemv_streams(s)` how many read streams one row of x keeps in flight at batch 1
+(4 or 8: the faster depends on the machine), `gemv_prefetch(hint)` which prefetch instruction asks
+for W ahead of its reads and `gemv_lanes(n)` whether its loops are AVX2's (8 lanes) or AVX-512's
+(16). Its
 reference is F.linear: the fallback whenever the kernel does not apply (library not built, not CPU
 fp32/bf16, more than GEMV_MAX_ROWS rows, gradients wanted) and the oracle of
 tests/ops/test_custom_ops.py.
-On a CPU without bf16 instructions, where ATen emulates bf16 matmuls (~1 GFLOP/s), bf16 prefill
-runs on the kernel too, at any row count.
+On a CPU without bf16 instructions, where ATen emulates bf16 matmuls (orders of magnitude slower
+than fp32), bf16 prefill runs on the kernel too, at any row count.
 
 `with_gemv_linears(model)` gives the inference code (gpt2forge.generate.kv_cache.CachedLM) a view of the
 model whose nn.Linear layers use it, sharing every parameter: the model itself is unchanged.
@@ -65,9 +66,9 @@ def gemv_streams(n: int) -> contextlib.AbstractContextManager:
 
 PREFETCH_CHOICES = ("t2", "nta")
 """How the kernel prefetches W: "t2" (prefetcht2, into L2: the default) or "nta" (prefetchnta,
-non-temporal). Which is faster depends on the CPU by up to 3x (custom_ops/gemv.cpp: NTA capped a
-core of a Xeon at 5 GB/s, where on an EPYC it kept the step's other data in cache);
-gpt2forge.generate.generator measures both."""
+non-temporal). Which is faster depends on the CPU, by a wide margin: NTA cut a Xeon core's read
+well below its rate with t2, where on an EPYC it kept the step's other data in cache (measured:
+docs/benchmarks.md, Design measurements); gpt2forge.generate.generator measures both."""
 
 _PREFETCH_CODES = {"nta": 0, "t2": 1}  # gpt2forge::gemv_set_prefetch's argument
 

@@ -133,10 +133,10 @@ class Generator:
         elif compile:
             self.fused = FusedDecodeStep.of(self.lm) if self.device.type == "cpu" else None
         if compile and not self.graph_decode and self.fused is None:
-            # On CPU the graph's wrapper runs once per token and calls ~100 small kernels: without
-            # its ~250 size and stride asserts a GPT-2 small step is ~0.5 ms shorter, and as C++
-            # (cpp_wrapper) rather than Python ~0.4 ms more (16.5 against 17.0 ms, interleaved), for
-            # a longer first compilation (18.0 s for GPT-2 small, against 9.7 s; inductor caches it).
+            # On CPU the graph's wrapper runs once per token and calls ~100 small kernels: a GPT-2
+            # small step is shorter without its ~250 size and stride asserts, and shorter again with
+            # the wrapper as C++ (cpp_wrapper) rather than Python, for a longer first compilation
+            # (inductor caches it; measured: docs/benchmarks.md, Design measurements).
             # Inductor compiles it as torch.compile's default backend does; _capture_graph keeps it
             # so that _decode_step can call it without dynamo.
             self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, backend=self._capture_graph)
@@ -183,10 +183,10 @@ class Generator:
 
         The step's attention, LayerNorm and GELU kernels are small: a second thread saves little
         and every OpenMP region waits for its slowest thread, which on a shared machine may be
-        descheduled for milliseconds (measured: 31 ms vs 200-600 ms per GPT-2 small token with
-        2 threads everywhere on a loaded 2-core machine). The matmul kernel shares its work
-        without that wait. Inductor bakes torch's thread count into its kernels, so the compiled
-        step is always compiled and run inside this.
+        descheduled for milliseconds (on a loaded 2-core machine, 2 threads everywhere made GPT-2
+        small's tokens many times slower: docs/benchmarks.md, Design measurements). The matmul
+        kernel shares its work without that wait. Inductor bakes torch's thread count into its
+        kernels, so the compiled step is always compiled and run inside this.
         """
         if self.device.type != "cpu":
             return num_threads(self.threads)
@@ -204,7 +204,7 @@ class Generator:
         when other processes share the cores a second thread may not run at all; and how many
         read streams a core should keep in flight depends on the memory system (8 were faster on
         the 2-core AVX2 machine, 4 on the 2-core AVX-512 EPYC: custom_ops/gemv.cpp), and so does the
-        prefetch instruction (non-temporal prefetches cut a Xeon core's read to a third, where an
+        prefetch instruction (non-temporal prefetches cut a Xeon core's read sharply, where an
         EPYC kept its caches with them). Several rows of x make the loops bound by their instructions,
         where AVX-512's may beat AVX2's. Measured here rather than assumed, alternating the settings
         so that a burst of load hits them all.
@@ -236,10 +236,10 @@ class Generator:
         """self.step(ids, slots, pad); on CPU, once dynamo's guards have passed for inputs like these,
         the compiled graph called directly.
 
-        Each call through dynamo checks ~200 guards (every parameter and cache buffer), ~0.5 ms of a
-        GPT-2 small token on CPU, and then runs its frame and gathers the graph's ~170 inputs from
-        the modules: calling the graph directly saved another 0.5 ms (20.05 against 20.58 ms a
-        token, interleaved). The step's modules never change, so what could fail a guard is the inputs
+        Each call through dynamo checks ~200 guards (every parameter and cache buffer), then runs its
+        frame and gathers the graph's ~170 inputs from the modules, a measurable part of a GPT-2
+        small token on CPU that calling the graph directly saves (measured: docs/benchmarks.md,
+        Design measurements). The step's modules never change, so what could fail a guard is the inputs
         and the grad mode: the first call with a new input signature goes through dynamo (and
         compiles if needed); later ones call the graph that served it, with the same module
         tensors (updated in place, weights are seen; replaced by other tensors, they are not).

@@ -66,8 +66,9 @@ class _LayerKV:
             # slots, pad[b] .. slot, where SDPA reads and masks all S.
             return torch.ops.gpt2forge.decode_attention(q, keys, values, self.pad, self.slots, scale)
         if q.device.type == "cpu" and q.dtype != torch.float32:
-            # Prefill, or decode without the library: CPU SDPA in bf16 took 235 us per decode call
-            # vs 58 us in fp32 (GPT-2 small, S = 192); converting this layer's cache costs less.
+            # Prefill, or decode without the library: CPU SDPA is several times slower in bf16 than
+            # in fp32 (measured: docs/benchmarks.md, Design measurements); converting this layer's
+            # cache costs less.
             q, keys, values = q.float(), keys.float(), values.float()
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale).to(v.dtype)
 

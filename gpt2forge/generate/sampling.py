@@ -82,8 +82,9 @@ def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits.argmax(dim=-1) of (B, V) logits: on CPU fp32 through gpt2forge::argmax_rows
-    (custom_ops/argmax.cpp), 20 against 47 us for a GPT-2 row straight after the LM head's call
-    (the same indices, NaN and ties included)."""
+    (custom_ops/argmax.cpp), faster than ATen's for a GPT-2 row straight after the LM head's call
+    (measured: docs/benchmarks.md, Design measurements), with the same indices, NaN and ties
+    included."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 \
             and custom_ops.has_op("argmax_rows"):
         return torch.ops.gpt2forge.argmax_rows(logits)

@@ -39,10 +39,11 @@ def dropout_keep_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     thread from one 63-bit seed taken from torch's generator (custom_ops/dropout_mask.cpp). Else each
     32-bit draw of torch's generator decides two elements (int32 `random_()` gives 31 uniform bits,
     viewed as two int16 of which the low 15 bits are used): half the draws of
-    `torch.rand(x.shape) >= p`, which on a 2-core CPU spent 0.18 s of a 5.5 s GPT-2 small training
-    step drawing masks (0.10 s with halving; ATen's CPU generator runs on one thread). An opaque op
-    on purpose: torch.compile then calls it instead of inlining its own per-element Philox
-    generator, which on CPU costs ~3x more per element. Compiled and eager runs draw the same masks
+    `torch.rand(x.shape) >= p`, whose mask drawing is a visible part of a GPT-2 small training step
+    on a 2-core CPU (ATen's CPU generator runs on one thread) and shrinks with the halving. An
+    opaque op on purpose: torch.compile then calls it instead of inlining its own per-element
+    Philox generator, which on CPU costs several times more per element (measured:
+    docs/benchmarks.md, Design measurements). Compiled and eager runs draw the same masks
     from the same seed.
     """
     n = x.numel()
@@ -212,8 +213,8 @@ def _kept_backward(q, k, v, saved, grad_out, scale: float, inv_kept: float):
     """Backward from the kept probabilities: every chunk saw keys 0 .. its last row (forward's plan
     starts each at key 0), so the key block of chunk j gets the gradients of chunks j, j+1, ...;
     each block is summed on its own and the blocks concatenated (accumulating into slices of zero
-    tensors instead compiles, on CPU, to one masked kernel: ~4 ms a layer at GPT-2 small, B=4, T=256,
-    in a profiled step, against ~0.5 ms for the sums and the concatenation)."""
+    tensors instead compiles, on CPU, to one masked kernel, several times slower than the sums and
+    the concatenation in a profiled GPT-2 small step: docs/benchmarks.md, Design measurements)."""
     chunks = _chunks(q)
     dq, dk, dv = [], [], []
     for i, (t0, t1) in enumerate(chunks):
@@ -251,7 +252,7 @@ def causal_attention_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     # Contiguous (B, H, T, hd) once: q, k, v arrive as strided views of the fused projection, and a
     # batched matmul of a view's query chunk or key block copies it first, the keys once per chunk
-    # (GPT-2 small's compiled training step: 2.833 against 2.908 s, docs/benchmarks.md).
+    # (measured on GPT-2 small's compiled training step: docs/benchmarks.md, Design measurements).
     q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
     with torch.autocast(q.device.type, enabled=False):  # the dtypes are chosen here, explicitly
         return _CausalAttentionDropout.apply(q, k, v, p, scale, documents, starts)

@@ -52,13 +52,13 @@ class _GeluNewKeepsSlope(torch.autograd.Function):
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
     """0.5 x (1 + tanh z), z = sqrt(2/pi) (x + 0.044715 x^3); compiled as the same function written
-    x * sigmoid(2z), which inductor's CPU kernels compute with an exp instead of a costlier tanh
-    (GPT-2 small's 12 MLP activations, forward + backward: 72-74 against 129-148 ms on the AMX Xeon).
+    x * sigmoid(2z), which inductor's CPU kernels compute with an exp instead of a costlier tanh.
     On the CPU the compiled forward also keeps the slope for backward (`_GeluNewKeepsSlope`), which
     costs no extra memory: autograd kept the activation's input anyway. Eager keeps ATen's one fused
     tanh kernel (the sigmoid form would be several). The forms agree to fp32 rounding; the sigmoid
-    form is the more exact for negative x, where 1 + tanh z cancels. The whole-step measurements of
-    both choices: docs/benchmarks.md, "Design measurements"."""
+    form is the more exact for negative x, where 1 + tanh z cancels. The measurements of both
+    choices (the activations alone and whole steps, on the AMX Xeon): docs/benchmarks.md, "Design
+    measurements"."""
     if torch.compiler.is_compiling():
         if x.device.type == "cpu" and x.requires_grad and torch.is_grad_enabled():  # training: keep the slope
             return _GeluNewKeepsSlope.apply(x)

@@ -2,9 +2,10 @@
 
 On an Intel core every multiply that reads or makes a denormal (below 1.2e-38) takes a microcode
 assist: a softmax whose logits lie more than 87 apart makes them, and GPT-2 small's training step
-took 36-42 s instead of 3 on the 2-core AMX Xeon when its LM head's gradient carried them
-(custom_ops/fp_mode.cpp). The trainer sets "flush to zero" and "denormals are zero" on the CPU, as
-TensorFlow's CPU runtime does; values that small then read and come out as zero.
+ran an order of magnitude slower on the 2-core AMX Xeon when its LM head's gradient carried them
+(measured: docs/benchmarks.md, Design measurements). The trainer sets "flush to zero" and
+"denormals are zero" on the CPU, as TensorFlow's CPU runtime does; values that small then read and
+come out as zero.
 
     threads = flush_denormals()       # the calling thread and torch's intra-op threads; 0: not x86
     with denormals_flushed(device):   # on the CPU inside the block, the calling thread's mode restored after

@@ -39,8 +39,9 @@ at a time (667 rows at V = 50,257; fewer, smaller chunks cost more passes over t
 GPU_LOGITS_CHUNK_ELEMENTS = 1 << 26
 """The same on a GPU, where each chunk also adds a (V, C) weight-gradient term into fp32 and launches
 its kernels from Python: 1,280 rows at V = 50,257 (256 MB of fp32 logits, 13 chunks for B=16 x 1,024
-tokens), a multiple of GPU_ROW_MULTIPLE. On an H200 chunks of 2,624 rows took 0.82x the plain
-path's time at 0.27x its memory (bf16, N=8,192); the quarter is what the fused loss is for."""
+tokens), a multiple of GPU_ROW_MULTIPLE. On an H200 chunks of 2,624 rows took less time than the
+plain path at about a quarter of its memory (bf16, N=8,192; measured: docs/benchmarks.md, Design
+measurements); the quarter is what the fused loss is for."""
 
 GPU_ROW_MULTIPLE = 64
 """A GPU chunk's rows are a multiple of this: the matmuls' M and K dimensions stay tile-aligned."""

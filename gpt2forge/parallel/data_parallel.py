@@ -108,8 +108,8 @@ HOST_NORM_CHUNK = 1 << 20
 def host_grad_norm(grads: list[torch.Tensor]) -> float:
     """The global L2 norm of contiguous fp32 CPU gradients: BLAS dots of HOST_NORM_CHUNK values, summed
     in float64. torch's foreach norm runs one linalg.vector_norm per tensor on the CPU; over GPT-2
-    small's gradients it took 45.7 ms against 21.9 here on the 2-core AMX Xeon, and was 8.7e-4 low
-    (1.6e-7 here)."""
+    small's gradients it was the slower on the 2-core AMX Xeon (measured: docs/benchmarks.md, Design
+    measurements), and was 8.7e-4 low (1.6e-7 here)."""
     total = 0.0
     for g in grads:
         flat = g.view(-1)
@@ -122,8 +122,9 @@ def host_grad_norm(grads: list[torch.Tensor]) -> float:
 def clip_host_grads(grads: list[torch.Tensor], max_norm: float | None) -> float:
     """torch.nn.utils.clip_grad_norm_'s rule (scale by min(max_norm / (norm + 1e-6), 1)) on CPU
     gradients, with `host_grad_norm`; returns the norm before clipping. The norm is on the host
-    already, so an update within the bound skips the scaling pass (torch's multiplies by 1.0: 27 ms
-    of GPT-2 small's step there); a non-finite norm scales by NaN or 0 as torch's does."""
+    already, so an update within the bound skips the scaling pass (torch's multiplies every gradient
+    by 1.0, a measurable part of GPT-2 small's step: docs/benchmarks.md, Design measurements); a
+    non-finite norm scales by NaN or 0 as torch's does."""
     total = host_grad_norm(grads)
     if max_norm is not None:
         coef = max_norm / (total + 1e-6)

@@ -130,8 +130,9 @@ def resolved_lm_loss(memory: MemoryArgs, device_type: str) -> str:
     """--lm-loss as it runs on a `device_type` device: "fused" or "plain". auto is fused on the CPU (the
     C++ op: faster and smaller there) and where --remap-logit, --enable-sequence-serialized or
     --embedding-serialization-factor > 1 ask for its chunks; else plain: on an H200 (torch 2.11, GPT-2
-    small, B=16, T=1,024, bf16, compiled, benchmarks/gpu_measure.sh) the plain loss trained at 414,111
-    tokens/s against the fused loss's 363,678, at a peak of 9.5 against 8.8 GiB."""
+    small, B=16, T=1,024, bf16, compiled, benchmarks/gpu_measure.sh) the plain loss trained faster
+    than the fused one, at a somewhat higher peak memory (measured: docs/benchmarks.md, Design
+    measurements)."""
     if memory.lm_loss != "auto":
         return memory.lm_loss
     chunked = memory.remap_logit or memory.enable_sequence_serialized or memory.embedding_serialization_factor > 1

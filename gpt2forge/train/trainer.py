@@ -215,7 +215,7 @@ def run_training(cfg: TrainConfig) -> int:
     init_process_group(env, device)
     try:
         # SIGTERM/SIGUSR1: save and stop after a step. On the CPU, denormals flushed to zero: a denormal
-        # softmax once made an Intel CPU's steps 12x slower (gpt2forge.ops.fp_mode).
+        # softmax once made an Intel CPU's steps an order of magnitude slower (gpt2forge.ops.fp_mode).
         with (exit_signals(cfg.checkpoint.exit_signal_handler), denormals_flushed(device),
               deterministic_algorithms(cfg.runtime.deterministic, device)):
             return _train(setup)

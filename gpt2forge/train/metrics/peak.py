@@ -93,7 +93,7 @@ def cpu_peak(precision: str) -> float:
     cached = _read_cache().get(_cpu_peak_key(precision))
     # Keep the best seen, so one measurement taken while the machine was busy does not inflate
     # every later MFU (a bf16 peak read once under load gave a 127% MFU); an emulated precision's
-    # read takes ~100x longer and is kept as it was.
+    # read takes orders of magnitude longer and is kept as it was.
     if cached is None or not cpu_half_matmul_is_emulated(precision):
         return remember_cpu_peak(precision, measure_cpu_peak(precision))
     return float(cached)
