@@ -8,7 +8,7 @@ so ``collate`` is a plain stack and ``split_batch`` turns a batch into ``(input_
 target, 0: it is not, e.g. a prompt token under ``--loss-on completion``); ``split_batch`` turns the
 unscored targets into ``IGNORE_INDEX``. A batch holds one kind of item.
 
-How the trainer reads an epoch (``train.trainer.epoch_updates``) -- a reader may refine it with a hook:
+How the trainer reads an epoch (``train.batches.epoch_updates``) -- a reader may refine it with a hook:
 
 - map-style dataset: a permutation of ``range(len(ds))`` seeded by ``(seed, epoch)``; or, when the
   dataset is ``EpochOrdered`` (has ``epoch_indices(epoch, count) -> Tensor``), those indices

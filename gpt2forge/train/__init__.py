@@ -3,7 +3,7 @@ gpt2forge.frontends), the model a run starts from (`model_setup`), memory featur
 optimizers (`optim`), learning-rate schedules (`schedule`), one update (`step`), the run's checkpoint
 folder (`run_folder`: saving, pruning, `latest`, the training state), checkpoints and resuming under any
 layout (`state`), exit signals (`signals`), what a run reports (`metrics`: its lines, MFU, sinks and
-profiler) and the loop (`trainer`).
+profiler), what the loop feeds on (`batches`: the datasets, an epoch's updates) and the loop (`trainer`).
 
 May import: every package below it (core, ops, text, model, data, preprocess, parallel, generate,
 evaluation).

@@ -8,6 +8,7 @@ import types
 import pytest
 import torch
 
+import gpt2forge.train.batches as batches
 import gpt2forge.train.trainer as trainer
 from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.parallel.distributed import DistEnv
@@ -131,12 +132,12 @@ def test_batches_come_pinned_and_move_without_blocking(fake_cuda, monkeypatch):
         loaders.append(kwargs)
         return [Batch(moves) for _ in kwargs["batch_sampler"]]
 
-    monkeypatch.setattr(trainer, "DataLoader", data_loader)
+    monkeypatch.setattr(batches, "DataLoader", data_loader)
     cfg = types.SimpleNamespace(parallel=types.SimpleNamespace(batch_size=2, device_iterations=1),
                                 data=types.SimpleNamespace(num_workers=0, seed=0))
     run = types.SimpleNamespace(cfg=cfg, accumulation=2, device=CUDA1, replica=DistEnv())
     dataset = torch.utils.data.TensorDataset(torch.zeros(8, 5, dtype=torch.long))
-    updates = list(trainer.epoch_updates(run, dataset, Progress(), steps_per_epoch=2, shuffle=False))
+    updates = list(batches.epoch_updates(run, dataset, Progress(), steps_per_epoch=2, shuffle=False))
     assert len(updates) == 2 and all(len(u) == 2 for u in updates)
     assert [kw["pin_memory"] for kw in loaders] == [True]
     assert moves == [(CUDA1, True)] * 4
