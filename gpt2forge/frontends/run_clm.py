@@ -43,6 +43,7 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import str_to_bool
 from gpt2forge.frontends.flag_table import KFAC_FLAGS, Flag, FrontEnd, Own, Refused, accept, switch_to
 from gpt2forge.model.config import MODEL_TYPES, ModelConfig
+from gpt2forge.model.pretrained import hub_cache_folder
 from gpt2forge.text.tokenizer import HF_FILE, is_gpt2_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
 from gpt2forge.train.config import TrainConfig
@@ -261,22 +262,12 @@ def resolve_model_folder(value: str, flag_name: str) -> Path:
     path = Path(value)
     if path.is_dir():
         return path
-    cached = _hub_cache(value)
+    cached = hub_cache_folder(value)
     if cached is not None:
         return cached
     raise UsageError(f"{flag_name} {value}: no such folder, and not in the local Hugging Face cache (nothing is "
                      "downloaded at run time); on a machine with internet run `huggingface-cli download "
                      f"{value} --local-dir DIR` and pass DIR")
-
-
-def _hub_cache(repo_id: str) -> Path | None:
-    if repo_id.count("/") > 1 or repo_id.startswith((".", "/")):
-        return None
-    try:
-        from huggingface_hub import snapshot_download  # lazy: only for hub ids
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # noqa: BLE001 -- not cached, not a valid id, or huggingface_hub missing: all mean "not here"
-        return None
 
 
 def _model_positions(path: Path, flag_name: str) -> int:

@@ -31,11 +31,15 @@ TOKENIZER_TYPES = {0: "Hugging Face GPT-2 files (vocab.json + merges.txt or toke
 
 def resolve_model_dir(path: str | Path) -> Path:
     """The checkpoint directory for `path` (a checkpoint, a root with `latest`, an HF directory or
-    a Megatron-LM checkpoint directory, returned as it is)."""
+    a Megatron-LM checkpoint directory, returned as it is), or for a hub id (`gpt2`, `org/name`) whose
+    snapshot is in the local Hugging Face cache."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"--model-name-or-path {path}: not found; pass a checkpoint directory "
-                         "(step_N/, epoch_N/, a root with `latest`) or a Hugging Face GPT-2 directory")
+        p = hub_cache_folder(str(path))
+    if p is None:
+        raise UsageError(f"--model-name-or-path {path}: not found, and not in the local Hugging Face cache (nothing "
+                         "is downloaded at run time); pass a checkpoint directory (step_N/, epoch_N/, a root with "
+                         "`latest`) or a Hugging Face GPT-2 directory")
     if is_megatron_checkpoint(p):
         return p
     try:
@@ -44,6 +48,18 @@ def resolve_model_dir(path: str | Path) -> Path:
         raise UsageError(f"--model-name-or-path {path}: no config.json (not a GPT-2 checkpoint); pass a "
                          "step_N/ or epoch_N/ directory, a root with `latest`, or a Hugging Face GPT-2 "
                          "directory") from None
+
+
+def hub_cache_folder(repo_id: str) -> Path | None:
+    """The snapshot of hub model `repo_id` (`name` or `org/name`) in the local Hugging Face cache
+    (`$HF_HUB_CACHE`, `$HF_HOME/hub`), or None when it is not there; never downloads."""
+    if repo_id.count("/") > 1 or repo_id.startswith((".", "/")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download  # lazy: only for hub ids
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 -- not cached, not a valid id, or huggingface_hub missing: all mean "not here"
+        return None
 
 
 def load_checkpoint_tokenizer(ckpt: Path, tokenizer_type: int | None = None) -> Tokenizer:

@@ -346,6 +346,26 @@ def test_hugging_face_directory_loads_and_generates_like_transformers(gpt2_ckpt,
     assert got == hf_greedy(hf, prompts, 10)
 
 
+def test_a_hub_id_loads_from_the_local_hugging_face_cache_only(gpt2_ckpt, tmp_path, monkeypatch, capsys):
+    """`--model-name-or-path org/name`, as Hugging Face users type it: the snapshot in the local hub
+    cache (refs/main -> snapshots/<commit>/), never a download; an id not cached is one line, exit 2."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--acme--tiny-gpt2" / "snapshots" / "0123abcd"
+    transformers.GPT2LMHeadModel.from_pretrained(gpt2_ckpt / "step_1").save_pretrained(snapshot)
+    (cache / "models--acme--tiny-gpt2" / "refs").mkdir()
+    (cache / "models--acme--tiny-gpt2" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)  # no local folder of that name
+    model, tok = load_pretrained("acme/tiny-gpt2")
+    assert tok.vocab_size == 50257 and model.config.n_positions == 64
+    capsys.readouterr()  # transformers' loading bar
+    assert generate_main(["--model-name-or-path", "acme/other-gpt2", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "acme/other-gpt2: not found, and not in the local Hugging Face cache" in err and err.count("\n") == 1
+
+
 def test_tokenizer_type_1_reads_megatron_files(gpt2_ckpt, tmp_path):
     import shutil
 
