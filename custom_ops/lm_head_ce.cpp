@@ -79,6 +79,33 @@ void scale(float* x, int64_t n, float a) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
+// out = x rounded to bf16 (as Tensor.to(torch.bfloat16) rounds).
+GPT2FORGE_MULTIVERSION
+void round_to_bf16(const float* x, uint16_t* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(x[i]);
+}
+
+// y = x, or y += x with `add`: bf16 values widened to fp32 (exactly) on the way.
+GPT2FORGE_MULTIVERSION
+void widen_bf16(const uint16_t* x, float* y, int64_t n, bool add) {
+  if (add) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] += bf16_value(x[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = bf16_value(x[i]);
+  }
+}
+
+const uint16_t* bf16_data(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.const_data_ptr<c10::BFloat16>());
+}
+
+uint16_t* bf16_data_mut(at::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<c10::BFloat16>());
+}
+
 // First index of the maximum, as torch.argmax picks it.
 int64_t first_index_of(const float* x, int64_t n, float value) {
   for (int64_t i = 0; i < n; ++i) {
@@ -151,7 +178,9 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
 constexpr int64_t kLogitsTile = 256;  // columns; 2-core AVX2: 128-512 measured alike
 
 at::Tensor logits_of(const at::Tensor& h, const at::Tensor& W, int64_t v0, int64_t vlen) {
-  at::Tensor out = at::empty({h.size(0), vlen}, h.options().dtype(at::kFloat));
+  const int64_t n = h.size(0);
+  at::Tensor out = at::empty({n, vlen}, h.options().dtype(at::kFloat));
+  float* op = out.mutable_data_ptr<float>();
   const int64_t tiles = (vlen + kLogitsTile - 1) / kLogitsTile;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -160,12 +189,47 @@ at::Tensor logits_of(const at::Tensor& h, const at::Tensor& W, int64_t v0, int64
       const at::Tensor Wt = W.narrow(0, v0 + c0, w).t();
       if (h.scalar_type() == at::kFloat) {
         at::mm_out(tile, h, Wt);
+      } else if (h.scalar_type() == at::kBFloat16) {
+        // The tile's bf16 products, still in this thread's cache, widened into the fp32 logits.
+        const at::Tensor product = at::mm(h, Wt);  // (n, w), contiguous
+        const uint16_t* pp = bf16_data(product);
+        for (int64_t r = 0; r < n; ++r) widen_bf16(pp + r * w, op + r * vlen + c0, w, /*add=*/false);
       } else {
-        tile.copy_(at::mm(h, Wt));  // bf16/fp16 products, widened into the fp32 logits
+        tile.copy_(at::mm(h, Wt));  // fp16 products, widened into the fp32 logits
       }
     }
   });
   return out;
+}
+
+// `x` (rows, C) in `cdt`, contiguous; fp32 -> bf16 rounded on all threads.
+at::Tensor in_compute_dtype(const at::Tensor& x, at::ScalarType cdt) {
+  if (cdt != at::kBFloat16 || x.scalar_type() != at::kFloat) return x.to(cdt).contiguous();
+  const at::Tensor src = x.contiguous();
+  at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kBFloat16));
+  const float* sp = src.const_data_ptr<float>();
+  uint16_t* op = bf16_data_mut(out);
+  at::parallel_for(0, src.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    round_to_bf16(sp + begin, op + begin, end - begin);
+  });
+  return out;
+}
+
+// Rows [v0, v0 + vlen) of the fp32 weight gradient gw (V_pad, C) = d.T @ h, or += with `add`; d
+// (n, vlen) and h (n, C) bf16. In tiles of rows, like the logits: each tile's bf16 product is
+// widened into gw by the thread that computed it, while it is in that thread's cache (one
+// (vlen, C) product widened after would pass over memory twice more).
+void weight_grad_bf16(const at::Tensor& d, const at::Tensor& h, at::Tensor& gw, int64_t v0, bool add) {
+  const int64_t vlen = d.size(1), C = h.size(1);
+  float* gp = gw.mutable_data_ptr<float>() + v0 * C;
+  const int64_t tiles = (vlen + kLogitsTile - 1) / kLogitsTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t c0 = t * kLogitsTile, w = std::min(kLogitsTile, vlen - c0);
+      const at::Tensor product = at::mm(d.narrow(1, c0, w).t(), h);  // (w, C), contiguous
+      widen_bf16(bf16_data(product), gp + c0 * C, w * C, add);
+    }
+  });
 }
 
 // Returns (stats (3,) fp32 = [loss sum, correct, scored], grad_hidden (N, C) like hidden,
@@ -184,7 +248,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
   const int64_t vchunk = (V + vocab_chunks - 1) / vocab_chunks;
   const bool single = vchunk >= V;  // one vocabulary chunk: reuse its logits for the gradient
 
-  const at::Tensor W = weight.narrow(0, 0, V).to(cdt).contiguous();  // (V, C), padding rows dropped
+  const at::Tensor W = in_compute_dtype(weight.narrow(0, 0, V), cdt);  // (V, C), padding rows dropped
   const at::Tensor y = labels.contiguous();
   const int64_t* yp = y.const_data_ptr<int64_t>();
   at::Tensor grad_hidden = compute_grad ? at::empty_like(hidden) : at::empty({0}, hidden.options());
@@ -201,7 +265,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
 
   for (int64_t t0 = 0; t0 < N; t0 += token_chunk) {
     const int64_t n = std::min(token_chunk, N - t0);
-    const at::Tensor h = hidden.narrow(0, t0, n).to(cdt).contiguous();  // (n, C)
+    const at::Tensor h = in_compute_dtype(hidden.narrow(0, t0, n), cdt);  // (n, C)
     std::vector<RowState> st(n);
     at::Tensor logits;  // (n, vlen) fp32, the last chunk's
     for (int64_t v0 = 0; v0 < V; v0 += vchunk) {
@@ -229,12 +293,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
       const at::Tensor Wv = W.narrow(0, v0, vlen);
       if (!single) logits = logits_of(h, W, v0, vlen);
       float* lp = logits.mutable_data_ptr<float>();
+      // In bf16, d is rounded row by row as the rows are made, not in a pass over all of them after.
+      const bool bf16 = cdt == at::kBFloat16;
+      at::Tensor d16 = bf16 ? at::empty({n, vlen}, h.options()) : at::Tensor();
+      uint16_t* dp = bf16 ? bf16_data_mut(d16) : nullptr;
       at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           float* x = lp + i * vlen;
           const int64_t label = yp[t0 + i];
           if (label == ignore_index) {
             std::fill(x, x + vlen, 0.0f);
+            if (bf16) std::fill(dp + i * vlen, dp + (i + 1) * vlen, uint16_t{0});
             continue;
           }
           if (single) {
@@ -243,16 +312,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
             exp_sum(x, vlen, st[i].max + std::log(st[i].sum), /*store=*/true);
           }
           if (label >= v0 && label < v0 + vlen) x[label - v0] -= 1.0f;
+          if (bf16) round_to_bf16(x, dp + i * vlen, vlen);
         }
       });
-      const at::Tensor d = logits.to(cdt);  // (n, vlen)
+      const at::Tensor d = bf16 ? d16 : logits.to(cdt);  // (n, vlen)
       if (single) {
         grad_hidden.narrow(0, t0, n).copy_(at::mm(d, Wv));
       } else {
         gh32.add_(at::mm(d, Wv));
       }
       at::Tensor gw = grad_weight.narrow(0, v0, vlen);  // contiguous rows
-      if (t0 == 0 && cdt == at::kFloat) {
+      if (bf16) {
+        weight_grad_bf16(d, h, grad_weight, v0, /*add=*/t0 != 0);
+      } else if (t0 == 0 && cdt == at::kFloat) {
         at::mm_out(gw, d.t(), h);
       } else if (t0 == 0) {
         gw.copy_(at::mm(d.t(), h));

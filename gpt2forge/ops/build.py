@@ -173,7 +173,11 @@ def _commands(
     includes = [f"-I{source_dir}"] + [a for p in system_includes for a in ("-isystem", p)]
     defines = ["-DGPT2FORGE_WITH_CUDA=1"] if tc.cuda else []
     # No -march=native: the library must run on every machine that shares this checkout.
-    cxx_flags = ["-O3", "-fPIC", "-std=c++20", "-Wall"]
+    # -fno-trapping-math: no kernel reads floating-point exception flags, and without it GCC keeps a
+    # compare-and-select (std::max in exp_nonpositive) as a branch in the AVX2 clones, which leaves
+    # their loops scalar (the AVX-512 clones select with masks either way). It reorders nothing: the
+    # results are the same bits.
+    cxx_flags = ["-O3", "-fPIC", "-std=c++20", "-Wall", "-fno-trapping-math"]
     cxx_flags += ["-fopenmp"] if tc.openmp else ["-Wno-unknown-pragmas"]
 
     compiles = []
