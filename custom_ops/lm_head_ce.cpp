@@ -79,31 +79,25 @@ void scale(float* x, int64_t n, float a) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
-// out = x rounded to bf16 (as Tensor.to(torch.bfloat16) rounds).
+// out = x rounded to bf16 (as Tensor.to(torch.bfloat16) rounds). Through bf16_bits: a loop of
+// c10::BFloat16(float) conversions stays scalar (measured: docs/benchmarks.md, Design measurements).
 GPT2FORGE_MULTIVERSION
-void round_to_bf16(const float* x, uint16_t* out, int64_t n) {
+void round_to_bf16(const float* x, c10::BFloat16* out, int64_t n) {
+  uint16_t* bits = reinterpret_cast<uint16_t*>(out);
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(x[i]);
+  for (int64_t i = 0; i < n; ++i) bits[i] = bf16_bits(x[i]);
 }
 
 // y = x, or y += x with `add`: bf16 values widened to fp32 (exactly) on the way.
 GPT2FORGE_MULTIVERSION
-void widen_bf16(const uint16_t* x, float* y, int64_t n, bool add) {
+void widen_bf16(const c10::BFloat16* x, float* y, int64_t n, bool add) {
   if (add) {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] += bf16_value(x[i]);
+    for (int64_t i = 0; i < n; ++i) y[i] += static_cast<float>(x[i]);
   } else {
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] = bf16_value(x[i]);
+    for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]);
   }
-}
-
-const uint16_t* bf16_data(const at::Tensor& t) {
-  return reinterpret_cast<const uint16_t*>(t.const_data_ptr<c10::BFloat16>());
-}
-
-uint16_t* bf16_data_mut(at::Tensor& t) {
-  return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<c10::BFloat16>());
 }
 
 // First index of the maximum, as torch.argmax picks it.
@@ -177,26 +171,35 @@ void check_inputs(const at::Tensor& hidden, const at::Tensor& weight, const at::
 // docs/benchmarks.md, Design measurements.)
 constexpr int64_t kLogitsTile = 256;  // columns; 2-core AVX2: 128-512 measured alike
 
+// body(c0, w) for the tiles [c0, c0 + w) of [0, vlen), kLogitsTile wide, each on one thread, in one
+// parallel region.
+template <typename Body>
+void for_each_tile(int64_t vlen, const Body& body) {
+  const int64_t tiles = (vlen + kLogitsTile - 1) / kLogitsTile;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t c0 = t * kLogitsTile;
+      body(c0, std::min(kLogitsTile, vlen - c0));
+    }
+  });
+}
+
 at::Tensor logits_of(const at::Tensor& h, const at::Tensor& W, int64_t v0, int64_t vlen) {
   const int64_t n = h.size(0);
   at::Tensor out = at::empty({n, vlen}, h.options().dtype(at::kFloat));
   float* op = out.mutable_data_ptr<float>();
-  const int64_t tiles = (vlen + kLogitsTile - 1) / kLogitsTile;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t c0 = t * kLogitsTile, w = std::min(kLogitsTile, vlen - c0);
-      at::Tensor tile = out.narrow(1, c0, w);
-      const at::Tensor Wt = W.narrow(0, v0 + c0, w).t();
-      if (h.scalar_type() == at::kFloat) {
-        at::mm_out(tile, h, Wt);
-      } else if (h.scalar_type() == at::kBFloat16) {
-        // The tile's bf16 products, still in this thread's cache, widened into the fp32 logits.
-        const at::Tensor product = at::mm(h, Wt);  // (n, w), contiguous
-        const uint16_t* pp = bf16_data(product);
-        for (int64_t r = 0; r < n; ++r) widen_bf16(pp + r * w, op + r * vlen + c0, w, /*add=*/false);
-      } else {
-        tile.copy_(at::mm(h, Wt));  // fp16 products, widened into the fp32 logits
-      }
+  for_each_tile(vlen, [&](int64_t c0, int64_t w) {
+    at::Tensor tile = out.narrow(1, c0, w);
+    const at::Tensor Wt = W.narrow(0, v0 + c0, w).t();
+    if (h.scalar_type() == at::kFloat) {
+      at::mm_out(tile, h, Wt);
+    } else if (h.scalar_type() == at::kBFloat16) {
+      // The tile's bf16 products, still in this thread's cache, widened into the fp32 logits.
+      const at::Tensor product = at::mm(h, Wt);  // (n, w), contiguous
+      const c10::BFloat16* pp = product.const_data_ptr<c10::BFloat16>();
+      for (int64_t r = 0; r < n; ++r) widen_bf16(pp + r * w, op + r * vlen + c0, w, /*add=*/false);
+    } else {
+      tile.copy_(at::mm(h, Wt));  // fp16 products, widened into the fp32 logits
     }
   });
   return out;
@@ -208,27 +211,23 @@ at::Tensor in_compute_dtype(const at::Tensor& x, at::ScalarType cdt) {
   const at::Tensor src = x.contiguous();
   at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kBFloat16));
   const float* sp = src.const_data_ptr<float>();
-  uint16_t* op = bf16_data_mut(out);
+  c10::BFloat16* op = out.mutable_data_ptr<c10::BFloat16>();
   at::parallel_for(0, src.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
     round_to_bf16(sp + begin, op + begin, end - begin);
   });
   return out;
 }
 
-// Rows [v0, v0 + vlen) of the fp32 weight gradient gw (V_pad, C) = d.T @ h, or += with `add`; d
-// (n, vlen) and h (n, C) bf16. In tiles of rows, like the logits: each tile's bf16 product is
+// gw (vlen, C), contiguous fp32 rows of the weight gradient, = d.T @ h, or += with `add`; d (n, vlen)
+// and h (n, C) bf16. In tiles of rows, like the logits: each tile's bf16 product is
 // widened into gw by the thread that computed it, while it is in that thread's cache (one
 // (vlen, C) product widened after would pass over memory twice more).
-void weight_grad_bf16(const at::Tensor& d, const at::Tensor& h, at::Tensor& gw, int64_t v0, bool add) {
+void weight_grad_bf16(const at::Tensor& d, const at::Tensor& h, at::Tensor& gw, bool add) {
   const int64_t vlen = d.size(1), C = h.size(1);
-  float* gp = gw.mutable_data_ptr<float>() + v0 * C;
-  const int64_t tiles = (vlen + kLogitsTile - 1) / kLogitsTile;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t c0 = t * kLogitsTile, w = std::min(kLogitsTile, vlen - c0);
-      const at::Tensor product = at::mm(d.narrow(1, c0, w).t(), h);  // (w, C), contiguous
-      widen_bf16(bf16_data(product), gp + c0 * C, w * C, add);
-    }
+  float* gp = gw.mutable_data_ptr<float>();
+  for_each_tile(vlen, [&](int64_t c0, int64_t w) {
+    const at::Tensor product = at::mm(d.narrow(1, c0, w).t(), h);  // (w, C), contiguous
+    widen_bf16(product.const_data_ptr<c10::BFloat16>(), gp + c0 * C, w * C, add);
   });
 }
 
@@ -295,15 +294,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
       float* lp = logits.mutable_data_ptr<float>();
       // In bf16, d is rounded row by row as the rows are made, not in a pass over all of them after.
       const bool bf16 = cdt == at::kBFloat16;
-      at::Tensor d16 = bf16 ? at::empty({n, vlen}, h.options()) : at::Tensor();
-      uint16_t* dp = bf16 ? bf16_data_mut(d16) : nullptr;
+      at::Tensor d16 = bf16 ? at::empty({n, vlen}, h.options().dtype(at::kBFloat16)) : at::Tensor();
+      c10::BFloat16* dp = bf16 ? d16.mutable_data_ptr<c10::BFloat16>() : nullptr;
       at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
           float* x = lp + i * vlen;
           const int64_t label = yp[t0 + i];
           if (label == ignore_index) {
             std::fill(x, x + vlen, 0.0f);
-            if (bf16) std::fill(dp + i * vlen, dp + (i + 1) * vlen, uint16_t{0});
+            if (bf16) std::fill(dp + i * vlen, dp + (i + 1) * vlen, c10::BFloat16(0.0f));
             continue;
           }
           if (single) {
@@ -323,7 +322,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lm_head_ce(
       }
       at::Tensor gw = grad_weight.narrow(0, v0, vlen);  // contiguous rows
       if (bf16) {
-        weight_grad_bf16(d, h, grad_weight, v0, /*add=*/t0 != 0);
+        weight_grad_bf16(d, h, gw, /*add=*/t0 != 0);
       } else if (t0 == 0 && cdt == at::kFloat) {
         at::mm_out(gw, d.t(), h);
       } else if (t0 == 0) {

@@ -53,7 +53,4 @@ GPT2FORGE_ALWAYS_INLINE uint16_t bf16_bits(float x) {
   return x != x ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
 }
 
-// bf16 bits -> fp32, exact: a bf16 is the high half of an fp32.
-GPT2FORGE_ALWAYS_INLINE float bf16_value(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
-
 }  // namespace gpt2forge

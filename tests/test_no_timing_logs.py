@@ -62,7 +62,7 @@ def test_the_check_finds_a_timing_log(tmp_path):
     planted = tmp_path / "kernel.cpp"
     planted.write_text("int f();  // 8 streams read 17-21 GB/s where one row gave 13-15\n"
                        "/* a step took\n   72-74 against 129-148 ms */\nint g();  // tile: 16 x 64 rows, 1 KiB ahead\n")
-    assert [line for line, _ in cpp_texts(planted.read_text()) if MEASURED.search(_)] == [1, 3]
+    assert [line for line, text in cpp_texts(planted.read_text()) if MEASURED.search(text)] == [1, 3]
     module = '"""Loads in ~10 us."""\nx = 1  # 20 against 47 us\ny = "12 ms"  # a value, not a comment\n'
     assert [line for line, text in python_texts(module) if MEASURED.search(text)] == [2, 1]  # comments, then docstrings
     assert MEASURED.search("emulated bf16 ran 100x slower") and MEASURED.search("1.2 vs 158 GFLOP/s")
