@@ -36,7 +36,8 @@ class StepReport:
     samples_per_s: float
     tokens_per_s: float
     mfu: str
-    """As the step line prints it: "12.3%" or "unknown"."""
+    """As the step line prints it: "12.3%", "~97.0%" (uncertain: a step beat the peak, see
+    `peak.StepMeter`) or "unknown"."""
     mfu_fraction: float | None
     """The same as a fraction, None when the device's peak is unknown."""
     peak_memory_gib: float

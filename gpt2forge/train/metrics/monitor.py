@@ -60,12 +60,12 @@ def metrics_path(cfg: TrainConfig, name: str) -> Path:
 
 
 def numeric_mfu(value: Any) -> float | None:
-    """MFU as a fraction: numbers pass through, the step line's text ("12.3%") is converted,
-    "unknown" (no device peak) becomes None."""
+    """MFU as a fraction: numbers pass through, the step line's text ("12.3%", "~97.0%" when
+    uncertain) is converted, "unknown" (no device peak) becomes None."""
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str) and value.endswith("%"):
-        return float(value[:-1]) / 100.0
+        return float(value.removeprefix("~")[:-1]) / 100.0
     return None
 
 

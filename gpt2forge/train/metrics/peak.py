@@ -1,23 +1,39 @@
 """Throughput and model FLOPs utilisation (MFU).
 
 MFU = achieved training FLOP/s / peak FLOP/s of the device in the run's precision. GPU peaks come
-from a table of dense tensor-core figures; a CPU's peak is measured once per machine (a large
-matmul in that precision, cached under ~/.cache/gpt2forge) since CPU peaks are not published in a
-form we can look up.
+from a table of dense tensor-core figures. CPU peaks are not published in a form we can look up, so
+a CPU's is measured: the best of several reads of a large matmul in that precision, kept in
+~/.cache/gpt2forge/cpu_peak.json per CPU (`cpu_peak_key`), where it only ever rises. A step that
+beats the peak re-reads it or raises it (`StepMeter`): MFU never prints above 100%.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.precision import cpu_identity
 from gpt2forge.core.runtime import PRECISION_DTYPES, cpu_half_matmul_is_emulated
+
+PEAK_READS = 4
+"""Matmul reads of a CPU's peak at start-up when none is cached for this CPU (one read when one is:
+the cached best is the floor), and at each re-read. Several, so that one read taken in a busy
+moment (another process's burst, a clock still rising) cannot stand as the peak."""
+READ_REPS = 4
+"""Timed products per read, after one warm-up product."""
+REREADS = 2
+"""Re-reads a run may take when a step beats the peak; past them a faster step raises the peak to
+its own rate (each re-read's time falls into the next step's)."""
+
 
 # Dense peak FLOP/s by device-name substring and compute dtype (vendor data sheets, no sparsity).
 # The first key found in the name wins: a longer name comes before its prefix (A100 before A10).
@@ -42,12 +58,12 @@ def gpu_peak(device: torch.device, precision: str) -> float | None:
     return None
 
 
-def _cache_file() -> Path:
+def cache_file() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt2forge" / "cpu_peak.json"
 
 
 def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
-    """FLOP/s of an n x n x n matmul in `precision` on this CPU, best of `reps`."""
+    """One read: FLOP/s of an n x n x n matmul in `precision` on this CPU, best of `reps`."""
     dtype = PRECISION_DTYPES[precision]
     gen = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run's dropout depends on it
     a = torch.randn(n, n, generator=gen).to(dtype)
@@ -61,42 +77,85 @@ def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
     return 2.0 * n**3 / best
 
 
-def _cpu_peak_key(precision: str) -> str:
-    return f"{cpu_identity()}|{precision}"  # the CPU's model and flags, threads, torch
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
+def cpu_peak_key(precision: str) -> str:
+    """The peak's cache key: the CPU's model and a digest of its flags, the threads torch uses and
+    torch's version (`cpu_identity`), the CPUs usable, the precision. A peak read on another machine
+    class, thread count or share of the machine is never taken for this one's."""
+    return f"{cpu_identity()}|{usable_cpus()} cpus|{precision}"
 
 
 def _read_cache() -> dict:
     try:
-        cache = json.loads(_cache_file().read_text())
+        cache = json.loads(cache_file().read_text())
     except (OSError, ValueError):
         return {}
     return cache if isinstance(cache, dict) else {}
 
 
+@contextlib.contextmanager
+def _cache_locked():
+    """Holds the cache's lock file, so that two processes' read-merge-write never interleave (the
+    slower read written over the faster); no lock where the folder cannot be written."""
+    lock = cache_file().with_suffix(".lock")
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def remember_cpu_peak(precision: str, flops: float) -> float:
-    """Merge a measured peak into the per-machine cache; returns the best this machine has shown."""
-    key = _cpu_peak_key(precision)
-    cache = _read_cache()
-    best = max(float(cache.get(key, 0.0)), flops)
-    if best != cache.get(key):
-        cache[key] = best
-        try:
-            write_atomic(_cache_file(), json.dumps(cache, indent=1))
-        except OSError:
-            pass  # a read-only home only costs a re-measurement next time
+    """Merge a measured peak into the per-CPU cache, which only ever rises; returns the best this
+    CPU has shown (`flops` or the cached value, whichever is higher)."""
+    key = cpu_peak_key(precision)
+    with _cache_locked():
+        cache = _read_cache()
+        best = max(float(cache.get(key, 0.0)), flops)
+        if best != cache.get(key):
+            cache[key] = best
+            try:
+                write_atomic(cache_file(), json.dumps(cache, indent=1))
+            except OSError:
+                pass  # a read-only home only costs a re-measurement next time
     return best
 
 
+def read_cpu_peak(precision: str, reads: int = PEAK_READS) -> float:
+    """The best of `reads` reads (`READ_REPS` products each) merged into the cache: the best this CPU
+    has shown in `precision`, in FLOP/s."""
+    return remember_cpu_peak(precision, max(measure_cpu_peak(precision, reps=READ_REPS) for _ in range(reads)))
+
+
 def cpu_peak(precision: str) -> float:
-    """Measured once per (CPU, thread count, precision) and cached; re-measured each run where the
-    precision has native kernels (cheap), the best kept."""
-    cached = _read_cache().get(_cpu_peak_key(precision))
-    # Keep the best seen, so one measurement taken while the machine was busy does not inflate
-    # every later MFU (a bf16 peak read once under load gave a 127% MFU); an emulated precision's
-    # read takes orders of magnitude longer and is kept as it was.
-    if cached is None or not cpu_half_matmul_is_emulated(precision):
-        return remember_cpu_peak(precision, measure_cpu_peak(precision))
-    return float(cached)
+    """This CPU's peak in `precision` at start-up: `PEAK_READS` reads when none is cached, one when
+    one is (the cache is the floor, so a slow read cannot lower it; a fast one raises it). An
+    emulated precision's read takes orders of magnitude longer: read once, then kept as cached."""
+    cached = _read_cache().get(cpu_peak_key(precision))
+    emulated = cpu_half_matmul_is_emulated(precision)
+    if cached is None:
+        return read_cpu_peak(precision, 1 if emulated else PEAK_READS)
+    return float(cached) if emulated else read_cpu_peak(precision, 1)
+
+
+def _training_precisions(precision: str) -> tuple[str, ...]:
+    """The matmul precisions whose best is a CPU's peak for training in `precision`: autocast training
+    does much of its work in fp32, and a CPU without native bf16/fp16 kernels runs those matmuls
+    slower than fp32 (emulated), so the peak is the faster of the two."""
+    return ("fp32",) if precision == "fp32" else (precision, "fp32")
 
 
 def device_peak(device: torch.device, precision: str) -> float | None:
@@ -104,28 +163,78 @@ def device_peak(device: torch.device, precision: str) -> float | None:
     if device.type == "cuda":
         return gpu_peak(device, precision)
     if device.type == "cpu":
-        # A CPU without native bf16/fp16 kernels may run a reduced-precision matmul slower than fp32
-        # (emulated) while autocast training does much of its work in fp32: the peak is the faster one.
-        return cpu_peak(precision) if precision == "fp32" else max(cpu_peak(precision), cpu_peak("fp32"))
+        return max(cpu_peak(p) for p in _training_precisions(precision))
     return None
 
 
-class StepMeter:
-    """Turns a host step's wall time into samples/s, tokens/s and MFU."""
+def peak_reader(device: torch.device, precision: str) -> Callable[[], float] | None:
+    """What re-reads the device's peak when a step beats it (`StepMeter`'s `reread_peak`): on a CPU,
+    `PEAK_READS` fresh reads of each native precision the peak takes, merged into the cache; None
+    on a GPU, whose peak is its data sheet's."""
+    if device.type != "cpu":
+        return None
+    native = tuple(p for p in _training_precisions(precision) if not cpu_half_matmul_is_emulated(p))
+    return lambda: max(read_cpu_peak(p) for p in native)
 
-    def __init__(self, samples_per_step: int, seq_len: int, flops_per_token: float, peak: float | None):
+
+def _flops_text(flops: float) -> str:
+    return f"{flops / 1e12:.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.1f} GFLOP/s"
+
+
+class StepMeter:
+    """Turns a host step's wall time into samples/s, tokens/s and MFU, never over 100%.
+
+    A step whose training FLOP/s beat the peak proves the peak low: the meter re-reads it
+    (`reread_peak`, at most `REREADS` times) and, where the step still beats it, raises the peak to
+    the step's rate. That step's MFU is marked `~` (uncertain), and so is every later one once the
+    peak is a step's rate rather than a matmul's (an upper bound of the true MFU); a line on stdout
+    says what happened.
+    """
+
+    def __init__(self, samples_per_step: int, seq_len: int, flops_per_token: float, peak: float | None,
+                 reread_peak: Callable[[], float] | None = None):
         self.samples_per_step = samples_per_step
         self.seq_len = seq_len
         self.flops_per_token = flops_per_token
         self.peak = peak
+        self.reread_peak = reread_peak
+        self.rereads_left = REREADS if reread_peak is not None else 0
+        self.peak_is_a_step_rate = False
 
     def rates(self, seconds: float) -> tuple[float, float, str]:
-        """(samples/s, tokens/s, MFU text as the step line prints it: "12.3%" or "unknown")."""
+        """(samples/s, tokens/s, MFU text as the step line prints it: "12.3%", "~97.0%" when
+        uncertain, or "unknown"); raises the peak first where this step beat it."""
         samples = self.samples_per_step / seconds
         tokens = samples * self.seq_len
+        achieved = tokens * self.flops_per_token
+        beaten = self.peak is not None and achieved > self.peak
+        if beaten:
+            self._raise_peak(achieved)
         mfu = self.mfu(tokens)
-        return samples, tokens, "unknown" if mfu is None else f"{100.0 * mfu:.1f}%"
+        if mfu is None:
+            return samples, tokens, "unknown"
+        mark = "~" if beaten or self.peak_is_a_step_rate else ""
+        return samples, tokens, f"{mark}{100.0 * mfu:.1f}%"
 
     def mfu(self, tokens_per_sec: float) -> float | None:
         """MFU as a fraction (0.123 = 12.3%), None when the device peak is unknown."""
         return tokens_per_sec * self.flops_per_token / self.peak if self.peak else None
+
+    def _raise_peak(self, achieved: float) -> None:
+        """A step ran at `achieved` FLOP/s, above the peak: re-read it, else raise it to `achieved`."""
+        said = f"MFU: a step ran at {_flops_text(achieved)}, above the peak ({_flops_text(self.peak)})"
+        if self.rereads_left > 0:
+            self.rereads_left -= 1
+            read = self.reread_peak()
+            self.peak = max(self.peak, read)  # never lowered
+            said += f"; re-read: {_flops_text(read)}"
+        elif self.peak_is_a_step_rate:  # said once already
+            self.peak = achieved
+            return
+        if achieved > self.peak:
+            self.peak = achieved
+            self.peak_is_a_step_rate = True
+            said += "; the peak is now the step's rate, so MFU figures marked ~ are upper bounds"
+        else:
+            said += "; this step's MFU is marked ~"
+        log.info(said)
