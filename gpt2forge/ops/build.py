@@ -4,8 +4,14 @@ One shared library, `build/custom_ops/gpt2forge_ops.so`, is compiled from every 
 (plus `custom_ops/*.cu` when nvcc and a CUDA build of torch are both present) against the running
 torch. `gpt2forge.ops.library` loads it; nothing at run time imports this module.
 
+It prints the toolchain, a line per file it compiles (`custom ops: compiling gemv.cpp`) and the
+result, and whatever the compiler says (warnings: torch's headers are -isystem, GCC 12's false
+ones about its own AVX-512 intrinsics are turned off by `PRELUDE`, and GCC's note on the vector
+passing ABI by -Wno-psabi); for a command that fails, the
+command itself before the compiler's output. `--verbose` prints every command.
+
 Usage (`make` runs the first):
-    python -m gpt2forge.ops.build build [--out-dir DIR] [--quiet]
+    python -m gpt2forge.ops.build build [--out-dir DIR] [--quiet | --verbose]
     python -m gpt2forge.ops.build clean [--out-dir DIR]
     python -m gpt2forge.ops.build info
 """
@@ -34,6 +40,9 @@ from gpt2forge.ops.library import LIBRARY_ENV, LIBRARY_NAME, REPO_ROOT, build_in
 SOURCE_DIR = REPO_ROOT / "custom_ops"
 # Scratch directories of running (or killed) builds, next to the library they will replace.
 TEMP_PREFIX = ".build-"
+PRELUDE = SOURCE_DIR / "gcc_intrinsics_prelude.h"
+"""Included ahead of every C++ source (-include), whatever the source folder: it turns off GCC 12's
+false warnings about its own AVX-512 intrinsics (the header says why)."""
 
 
 class BuildError(RuntimeError):
@@ -177,7 +186,10 @@ def _commands(
     # compare-and-select (std::max in exp_nonpositive) as a branch in the AVX2 clones, which leaves
     # their loops scalar (the AVX-512 clones select with masks either way). It reorders nothing: the
     # results are the same bits.
-    cxx_flags = ["-O3", "-fPIC", "-std=c++20", "-Wall", "-fno-trapping-math"]
+    # -Wno-psabi: GCC notes, wherever a helper takes a 256-bit vector by value, that the ABI for
+    # passing one changed in GCC 4.6; our helpers are inlined and never cross an ABI boundary, and a
+    # `#pragma GCC diagnostic` does not reach that note (host_optim_kernels.h has one).
+    cxx_flags = ["-O3", "-fPIC", "-std=c++20", "-Wall", "-Wno-psabi", "-fno-trapping-math", "-include", str(PRELUDE)]
     cxx_flags += ["-fopenmp"] if tc.openmp else ["-Wno-unknown-pragmas"]
 
     compiles = []
@@ -202,34 +214,41 @@ def _commands(
     return compiles, link
 
 
-def _run(steps: list[tuple[str, list[str]]], verbose: bool) -> None:
-    """Run the commands in parallel (one per CPU core); raise BuildError naming each failure."""
-    if verbose:
-        for _, cmd in steps:
-            print(shlex.join(cmd), flush=True)
+def _run(steps: list[tuple[str, list[str]]], verbose: bool, quiet: bool = False) -> None:
+    """Run the commands in parallel (one per CPU core), each `(what, command)` announced by a line
+    `custom ops: {what}` as it starts (not when `quiet`; with its command when `verbose`). What a
+    command prints goes to stderr; a failed command's output comes after the command itself.
+    Raises BuildError naming each failure."""
+    def run(step: tuple[str, list[str]]) -> subprocess.CompletedProcess:
+        what, cmd = step
+        if verbose:
+            print(f"custom ops: {what}\n{shlex.join(cmd)}", flush=True)
+        elif not quiet:
+            print(f"custom ops: {what}", flush=True)
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = list(pool.map(
-            lambda cmd: subprocess.run(cmd, capture_output=True, text=True, check=False),
-            [cmd for _, cmd in steps],
-        ))
+        results = list(pool.map(run, steps))
     failed = []
-    for (what, _), result in zip(steps, results):
+    for (what, cmd), result in zip(steps, results):
         output = (result.stdout + result.stderr).strip()
-        if output and (verbose or result.returncode):
-            print(output, file=sys.stderr, flush=True)
         if result.returncode:
             failed.append(f"{what} (exit {result.returncode})")
+            print(f"custom ops: {what} failed (exit {result.returncode}):\n{shlex.join(cmd)}", file=sys.stderr)
+        if output:
+            print(output, file=sys.stderr, flush=True)
     if failed:
-        raise BuildError(f"{', '.join(failed)} failed; the compiler output is above")
+        raise BuildError(f"{', '.join(failed)} failed; the command and the compiler output are above")
 
 
-def build(out_dir: Path | None = None, verbose: bool = True, *,
+def build(out_dir: Path | None = None, verbose: bool = False, *, quiet: bool = False,
           source_dir: Path | None = None) -> Path:
     """Compile the custom ops library; return its path.
 
     Args:
         out_dir: where `gpt2forge_ops.so` goes; default: the directory of `library_path()`.
-        verbose: print the compiler commands and warnings (the toolchain summary always prints).
+        verbose: print each compiler command too.
+        quiet: no line per file (the toolchain summary, warnings, failures and the result always print).
         source_dir: the sources' directory, default `<repo>/custom_ops` (tests point it elsewhere).
 
     The library is linked inside a scratch directory next to its destination and moved into
@@ -253,10 +272,9 @@ def build(out_dir: Path | None = None, verbose: bool = True, *,
         for line in _describe(tc, len(cu)):
             print(f"custom ops: {line}", flush=True)
         sources = cpp + (cu if tc.cuda else [])
-        print(f"custom ops: sources  {' '.join(s.name for s in sources)}", flush=True)
         compiles, link = _commands(tc, sources, source_dir, scratch, scratch / LIBRARY_NAME)
-        _run([(src.name, cmd) for src, cmd in compiles], verbose)
-        _run([(f"linking {LIBRARY_NAME}", link)], verbose)
+        _run([(f"compiling {src.name}", cmd) for src, cmd in compiles], verbose, quiet)
+        _run([(f"linking {LIBRARY_NAME}", link)], verbose, quiet)
         os.replace(scratch / LIBRARY_NAME, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -298,14 +316,19 @@ def main(argv: list[str] | None = None) -> int:
                               f"${LIBRARY_ENV}, else build/custom_ops, or build/<venv name>/custom_ops "
                               "for a venv other than .venv)")
         if name == "build":
-            sub.add_argument("--quiet", action="store_true",
-                             help="print only the toolchain summary, not the compiler commands")
+            output = sub.add_mutually_exclusive_group()
+            output.add_argument("--quiet", action="store_true",
+                                help="no line per compiled file: the toolchain summary, warnings, failures and the "
+                                     "result only")
+            output.add_argument("--verbose", action="store_true",
+                                help="print each compiler command (a failed one's is always printed, with the "
+                                     "compiler's output)")
     commands.add_parser("info", help="load the library and print how it was built")
     args = parser.parse_args(argv)
 
     if args.command == "build":
         try:
-            build(args.out_dir, verbose=not args.quiet)
+            build(args.out_dir, verbose=args.verbose, quiet=args.quiet)
         except BuildError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
