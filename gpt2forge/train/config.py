@@ -79,12 +79,19 @@ class OptimizerArgs:
     """Passes over the training data."""
     training_steps: int | None = opt(None)
     """Stop after this many logged (host) steps; overrides --epochs."""
-    optimizer: str = opt("AdamW", choices=("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection"))
-    """AdamW | Adam | LAMB | LAMBNoBiasCorrection."""
+    optimizer: str = opt("AdamW", choices=("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection", "Muon"))
+    """AdamW | Adam | LAMB | LAMBNoBiasCorrection | Muon (torch.optim.Muon for the 2-D weights of the transformer
+    blocks: attention qkv and projection, MLP in and out; AdamW at --learning-rate for the embeddings, the LM head,
+    LayerNorms and biases; one process or DDP replicas)"""
     weight_decay: float = opt(0.0)
     """Weight decay on parameters with 2 or more dimensions."""
     learning_rate: float = opt(1e-5)
     """Peak learning rate."""
+    muon_learning_rate: float | None = opt(None)
+    """(new) --optimizer Muon: peak learning rate of the blocks' matrices, in AdamW's units (Muon's update RMS is
+    matched to AdamW's; default: --learning-rate)"""
+    muon_momentum: float = opt(0.95)
+    """(new) --optimizer Muon: Nesterov momentum of the blocks' matrices."""
     adam_beta1: float = opt(0.9)
     """(new) Adam/AdamW/LAMB first-moment decay rate."""
     adam_beta2: float = opt(0.999)
@@ -140,6 +147,10 @@ class OptimizerArgs:
             problems.append(f"--adam-eps must be >= 0 (got {self.adam_eps})")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             problems.append("--max-grad-norm must be > 0")
+        if self.muon_learning_rate is not None and self.muon_learning_rate < 0:
+            problems.append(f"--muon-learning-rate must be >= 0 (got {self.muon_learning_rate})")
+        if not 0 <= self.muon_momentum < 1:
+            problems.append(f"--muon-momentum must be in [0, 1) (got {self.muon_momentum})")
         collect(problems)
 
 

@@ -8,6 +8,15 @@ What `--optimizer` builds:
 | `Adam`                 | `torch.optim.Adam`           | coupled L2 (as PopTorch) |
 | `LAMB`                 | `Lamb(bias_correction=True)` | decoupled, inside trust  |
 | `LAMBNoBiasCorrection` | `Lamb(bias_correction=False)`| decoupled, inside trust  |
+| `Muon`                 | `MuonAdamW`                  | decoupled                |
+
+`Muon` updates the 2-D weights of the transformer blocks (attention qkv and output projection, MLP in
+and out) with `torch.optim.Muon` (Nesterov momentum `--muon-momentum`, five Newton-Schulz steps that
+orthogonalize the update, its RMS matched to AdamW's so that `--muon-learning-rate` is in AdamW's
+units: Moonshot's "match_rms_adamw") and everything else (token and position embeddings, the LM head,
+LayerNorms, biases) with AdamW at `--learning-rate`, as modded-nanogpt and Moonshot's Moonlight split
+them. The orthogonalization needs whole matrices, and the checkpoint keeps one process's groups: one
+process and DDP replicas only (`build_optimizer` and the trainer refuse the rest by name).
 
 The reference's PopTorch AdamW ran with `bias_correction=False`; torch's AdamW always corrects the
 bias. The two differ early in training only: the correction fades over ~1/(1-beta2) = 1000 updates.
@@ -26,6 +35,7 @@ LR schedules live in `gpt2forge.train.schedule` (re-exported here).
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
 
@@ -36,10 +46,10 @@ from gpt2forge.ops import host_optim
 from gpt2forge.parallel.optimizer_state import param_groups
 from gpt2forge.train.schedule import SCHEDULES, build_lr_schedule, resolve_warmup_steps
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "HostLamb", "Lamb", "OffloadedOptimizer", "build_lr_schedule",
-           "build_optimizer", "param_groups", "resolve_warmup_steps"]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "HostLamb", "Lamb", "MuonAdamW", "OffloadedOptimizer", "build_lr_schedule",
+           "build_optimizer", "muon_param_groups", "param_groups", "resolve_warmup_steps"]
 
-OPTIMIZERS = ("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection")
+OPTIMIZERS = ("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection", "Muon")
 
 # Device types with fused Adam/AdamW kernels in torch 2.x; anything else uses foreach.
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
@@ -69,8 +79,11 @@ def build_optimizer(
     shard: bool = False,
     shard_group=None,
     host_update: bool = False,
+    muon_lr: float | None = None,
+    muon_momentum: float = 0.95,
 ) -> torch.optim.Optimizer:
-    """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`.
+    """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`
+    (`muon_param_groups` for Muon).
 
     Args:
         model: the (already placed) model whose trainable parameters are optimized.
@@ -86,9 +99,11 @@ def build_optimizer(
         shard_group: the process group of those ranks (default: all ranks).
         host_update: the parameters live in host memory (FSDP2's CPU offload, the strategy's
             `OptimizerPlacement.host_update`): the update runs there with the host kernels.
+        muon_lr: Muon's peak learning rate (`--muon-learning-rate`; None: `lr`), in AdamW's units.
+        muon_momentum: Muon's Nesterov momentum (`--muon-momentum`).
 
     Raises:
-        UsageError: unknown `name`, negative `lr` or `weight_decay`.
+        UsageError: unknown `name`, negative `lr` or `weight_decay`, Muon with a placement it cannot run.
     """
     if name not in OPTIMIZERS:
         raise UsageError(f"--optimizer {name} is not supported; choose one of {', '.join(OPTIMIZERS)}")
@@ -97,6 +112,14 @@ def build_optimizer(
     if weight_decay < 0:
         raise UsageError(f"--weight-decay {weight_decay} is negative; pass a value >= 0")
 
+    if name == "Muon":
+        placed = [flag for flag, on in (("--offload", offload or host_update), ("ZeRO-1", shard)) if on]
+        if placed:
+            raise UsageError(f"--optimizer Muon cannot run with {' or '.join(placed)}: it updates whole matrices in "
+                             "one process's memory; use --optimizer AdamW there")
+        groups = muon_param_groups(model, weight_decay, lr if muon_lr is None else muon_lr)
+        return MuonAdamW(groups, lr=lr, momentum=muon_momentum, betas=betas, eps=eps,
+                         fused=_can_fuse((p for g in groups for p in g["params"]), device_type))
     if name in ("AdamW", "Adam"):
         cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
         hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -143,6 +166,65 @@ def _zero1(groups: list[dict], local, group, hyper: dict) -> torch.optim.Optimiz
                         self.optim.state[p]["step"] = step.to(p.device, torch.float32)
 
     return ZeroOptimizer(groups, optimizer_class=local, process_group=group, **hyper)
+
+
+# ---------------------------------------------------------------------------------------------
+# Muon for the blocks' matrices, AdamW for the rest
+# ---------------------------------------------------------------------------------------------
+
+BLOCK_PARAMETER = re.compile(r"(?:^|\.)h\.\d+\.")
+"""Names of the transformer blocks' parameters (`transformer.h.3.mlp.c_fc.weight`)."""
+
+
+def muon_param_groups(model: torch.nn.Module, weight_decay: float, muon_lr: float) -> list[dict]:
+    """`param_groups(model, weight_decay)` with the blocks' 2-D weights moved to a Muon group first.
+
+    Returns `[Muon: the blocks' 2-D weights (lr muon_lr), AdamW decayed: the other ndim >= 2 parameters
+    (embeddings, an untied LM head), AdamW not decayed: ndim < 2]`, each tagged `"muon"`; all three are
+    present, possibly empty.
+    """
+    muon_ids = {id(p) for name, p in model.named_parameters() if p.ndim == 2 and BLOCK_PARAMETER.search(name)}
+    decay, no_decay = param_groups(model, weight_decay)
+    matrices = [p for p in decay["params"] if id(p) in muon_ids]
+    rest = [p for p in decay["params"] if id(p) not in muon_ids]
+    return [{"params": matrices, "weight_decay": weight_decay, "lr": muon_lr, "muon": True},
+            {**decay, "params": rest, "muon": False}, {**no_decay, "muon": False}]
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One optimizer whose `"muon"` groups take `torch.optim.Muon`'s update and the others AdamW's.
+
+    The groups and the state are this optimizer's own (one `state_dict`, indexed over all groups in
+    order, so checkpoints, resuming and LR schedules work as for AdamW); the two torch optimizers inside
+    run their update over them. Muon's update has its RMS matched to AdamW's (`adjust_lr_fn=
+    "match_rms_adamw"`: lr x 0.2 x sqrt(max(rows, columns))), so a Muon group's `lr` is in AdamW's units;
+    its weight decay is decoupled, lr x weight_decay a step, as AdamW's.
+    """
+
+    def __init__(self, groups: list[dict], lr: float, momentum: float, betas: tuple[float, float], eps: float,
+                 fused: bool):
+        self._muon = torch.optim.Muon([g for g in groups if g["muon"]], lr=lr, momentum=momentum,
+                                      adjust_lr_fn="match_rms_adamw")
+        impl = {"fused": True} if fused else {"foreach": True}
+        self._adamw = torch.optim.AdamW([g for g in groups if not g["muon"]], lr=lr, betas=betas, eps=eps, **impl)
+        super().__init__(groups, {})  # the same group dicts, now holding each optimizer's defaults
+        self._share()
+
+    def _share(self) -> None:
+        """Point the inner optimizers at this one's groups and state (again after a load replaced them)."""
+        for inner, muon in ((self._muon, True), (self._adamw, False)):
+            inner.param_groups = [g for g in self.param_groups if g["muon"] is muon]
+            inner.state = self.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "MuonAdamW does not take a closure"
+        self._muon.step()
+        self._adamw.step()
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        self._share()
 
 
 HOST = torch.device("cpu")

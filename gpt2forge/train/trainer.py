@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import RunError
+from gpt2forge.core.errors import RunError, UsageError
 from gpt2forge.core.runtime import (
     LossScaler,
     autocast_dtype,
@@ -61,7 +61,7 @@ from gpt2forge.train.kfac import build_preconditioner
 from gpt2forge.train.memory_features import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics.lines import StepReport, step_line, validation_lines
 from gpt2forge.train.metrics.monitor import RunMonitor
-from gpt2forge.train.metrics.peak import StepMeter, device_peak
+from gpt2forge.train.metrics.peak import StepMeter, device_peak, peak_reader
 from gpt2forge.train.model_setup import build_model, check_step_fits_host, resolve_model_config
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
@@ -226,7 +226,8 @@ def _loop_over_data(s: Setup, strategy: Strategy, optimizer: torch.optim.Optimiz
     peak = device_peak(s.device, s.precision)
     if peak and s.device.type == "cuda":
         peak *= s.env.world_size  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
-    meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, s.model.config.flops_per_token(cfg.arch.max_len), peak)
+    meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, s.model.config.flops_per_token(cfg.arch.max_len), peak,
+                      reread_peak=peak_reader(s.device, s.precision))
     return Loop(run, data, progress, total_steps, steps_per_epoch, meter, RunMonitor(cfg, s.model.config, total_steps))
 
 
@@ -288,12 +289,17 @@ def _print_stage_plan(s: Setup) -> None:
 
 def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device) -> torch.optim.Optimizer:
     """The optimizer over what this process trains, placed (offloaded, ZeRO-1 sharded) as the strategy says."""
-    placement = strategy.optimizer_placement()
     optim = cfg.optim
+    if optim.optimizer == "Muon" and (not strategy.whole_gradients or cfg.kfac.kfac):
+        raise UsageError("--optimizer Muon runs on one process or DDP replicas without --kfac: it orthogonalizes "
+                         "whole matrices (not pipeline stages', tensor-parallel or FSDP2 shards) and K-FAC would "
+                         "precondition what it orthogonalizes; use --optimizer AdamW for this run")
+    placement = strategy.optimizer_placement()
     return build_optimizer(placement.module, optim.optimizer, optim.learning_rate, optim.weight_decay,
                            betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps,
                            device_type=device.type, offload=placement.offload, shard=placement.shard,
-                           shard_group=placement.shard_group, host_update=placement.host_update)
+                           shard_group=placement.shard_group, host_update=placement.host_update,
+                           muon_lr=optim.muon_learning_rate, muon_momentum=optim.muon_momentum)
 
 
 def _loop(loop: Loop) -> tuple[float, float, int] | None:

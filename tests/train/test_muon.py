@@ -1,0 +1,143 @@
+"""`--optimizer Muon`: which parameters Muon updates, its update against torch's own Muon and AdamW
+applied separately, checkpoints and resuming, and the layouts it refuses."""
+
+from __future__ import annotations
+
+import copy
+import re
+import types
+
+import pytest
+import torch
+
+from gpt2forge.cli import train_main
+from gpt2forge.core.errors import UsageError
+from gpt2forge.model.config import ModelConfig
+from gpt2forge.model.gpt2 import GPT2LMHeadModel
+from gpt2forge.train import trainer
+from gpt2forge.train.config import TrainConfig
+from gpt2forge.train.optim import MuonAdamW, build_lr_schedule, build_optimizer
+
+STEP_LINE = re.compile(r"^step (\d+) of epoch (\d+), loss: (\S+), acc: (\S+), lr: (\S+), ")
+
+
+def tiny_model(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(ModelConfig(vocab_size=96, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                                       embd_pdrop=0.0, attn_pdrop=0.0))
+
+
+def lm_loss(model: GPT2LMHeadModel, seed: int) -> torch.Tensor:
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(seed))
+    logits = model(ids[:, :-1])  # (B, T, V padded)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def train(model: GPT2LMHeadModel, optimizer: torch.optim.Optimizer, seeds: range) -> None:
+    for seed in seeds:
+        optimizer.zero_grad()
+        lm_loss(model, seed).backward()
+        optimizer.step()
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    model = tiny_model()
+    opt = build_optimizer(model, "Muon", lr=1e-3, weight_decay=0.1, muon_lr=2e-2)
+    assert isinstance(opt, MuonAdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon, decay, no_decay = ([names[id(p)] for p in g["params"]] for g in opt.param_groups)
+    assert sorted(muon) == sorted(f"transformer.h.{i}.{m}.weight" for i in range(2)
+                                  for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"))
+    assert sorted(decay) == ["transformer.wpe.weight", "transformer.wte.weight"]  # the LM head is tied to wte
+    assert all(n.endswith(("bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")) for n in no_decay)
+    assert [(g["muon"], g["lr"], g["weight_decay"]) for g in opt.param_groups] == [
+        (True, 2e-2, 0.1), (False, 1e-3, 0.1), (False, 1e-3, 0.0)]
+    assert opt.param_groups[0]["adjust_lr_fn"] == "match_rms_adamw" and opt.param_groups[1]["fused"] is True
+
+
+def test_the_update_is_torchs_muon_and_adamw_each_on_its_own_parameters():
+    """The oracle: torch.optim.Muon over the blocks' matrices and torch.optim.AdamW over the rest,
+    two separate optimizers on a copy of the model."""
+    ours_model, oracle_model = tiny_model(), tiny_model()
+    ours = build_optimizer(ours_model, "Muon", lr=3e-3, weight_decay=0.1, muon_lr=1e-2, muon_momentum=0.9,
+                           betas=(0.9, 0.95))
+    by_name = dict(oracle_model.named_parameters())
+    names = {id(p): n for n, p in ours_model.named_parameters()}
+    groups = [[by_name[names[id(p)]] for p in g["params"]] for g in ours.param_groups]
+    adamw_groups = [{"params": groups[1], "weight_decay": 0.1}, {"params": groups[2], "weight_decay": 0.0}]
+    oracle = [torch.optim.Muon(groups[0], lr=1e-2, weight_decay=0.1, momentum=0.9, adjust_lr_fn="match_rms_adamw"),
+              torch.optim.AdamW(adamw_groups, lr=3e-3, betas=(0.9, 0.95), fused=True)]
+    for seed in range(4):
+        for opt in oracle:
+            opt.zero_grad()
+        lm_loss(oracle_model, seed).backward()
+        for opt in oracle:
+            opt.step()
+    train(ours_model, ours, range(4))
+    for name, p in ours_model.named_parameters():
+        torch.testing.assert_close(p, by_name[name], rtol=0, atol=0, msg=name)
+    c_fc = ours_model.transformer.h["0"].mlp.c_fc.weight
+    assert not torch.equal(c_fc, tiny_model().transformer.h["0"].mlp.c_fc.weight)  # the update did something
+
+
+def test_state_dict_round_trip_continues_exactly_with_the_schedule():
+    model = tiny_model()
+    opt = build_optimizer(model, "Muon", lr=1e-3, weight_decay=0.1, muon_lr=1e-2)
+    schedule = build_lr_schedule(opt, "cosine", total_steps=10, warmup_steps=2)
+    for seed in range(3):
+        train(model, opt, range(seed, seed + 1))
+        schedule.step()
+    saved = copy.deepcopy((model.state_dict(), opt.state_dict(), schedule.state_dict()))
+    assert {k for s in saved[1]["state"].values() for k in s} == {"momentum_buffer", "step", "exp_avg", "exp_avg_sq"}
+
+    resumed = tiny_model(seed=1)
+    resumed.load_state_dict(saved[0])
+    opt2 = build_optimizer(resumed, "Muon", lr=1e-3, weight_decay=0.1, muon_lr=1e-2)
+    schedule2 = build_lr_schedule(opt2, "cosine", total_steps=10, warmup_steps=2)
+    opt2.load_state_dict(saved[1])  # the trainer's order (train.state.resume)
+    schedule2.load_state_dict(saved[2])
+    for m, o, s in ((model, opt, schedule), (resumed, opt2, schedule2)):
+        for seed in range(3, 6):
+            train(m, o, range(seed, seed + 1))
+            s.step()
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in opt2.param_groups]
+    assert opt.param_groups[0]["lr"] != opt.param_groups[1]["lr"]  # each group keeps its own peak under the schedule
+    for (name, a), b in zip(model.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_a_resumed_muon_run_equals_the_uninterrupted_run(make_tiny_config, tmp_path, capsys):
+    cfg = make_tiny_config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    args = ["--model-config", str(cfg), "--dataset", "generated", "--max-len", "16", "--batch-size", "2",
+            "--gradient-accumulation", "1", "--device-iterations", "1", "--training-steps", "6", "--num-workers", "0",
+            "--optimizer", "Muon", "--learning-rate", "3e-3", "--muon-learning-rate", "2e-2", "--lr-schedule", "cosine",
+            "--max-grad-norm", "1.0"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert train_main([*args, "--checkpoint-output-dir", str(full), "--save-per-steps", "3"]) == 0
+    lines = [m.groups() for line in capsys.readouterr().out.splitlines() if (m := STEP_LINE.match(line))]
+    assert len(lines) == 6 and float(lines[-1][2]) < float(lines[0][2])
+    assert train_main([*args, "--checkpoint-output-dir", str(part), "--checkpoint-input-dir", str(full / "step_3"),
+                       "--resume-training-from-checkpoint", "true"]) == 0
+    assert [m.groups() for line in capsys.readouterr().out.splitlines() if (m := STEP_LINE.match(line))] == lines[3:]
+
+
+def test_placements_muon_cannot_run_are_refused_by_name():
+    for placement, flag in (({"offload": True}, "--offload"), ({"host_update": True}, "--offload"),
+                            ({"shard": True}, "ZeRO-1")):
+        with pytest.raises(UsageError, match=f"--optimizer Muon cannot run with {flag}"):
+            build_optimizer(tiny_model(), "Muon", lr=1e-3, weight_decay=0.0, **placement)
+    cfg = TrainConfig.from_flat({"dataset": "generated", "optimizer": "Muon"})
+    for whole, kfac in ((False, False), (True, True)):  # pipeline stages or shards; K-FAC
+        strategy = types.SimpleNamespace(whole_gradients=whole)
+        with pytest.raises(UsageError, match="--optimizer Muon runs on one process or DDP replicas") as err:
+            trainer._build_optimizer(cfg.replace(kfac=kfac), strategy, torch.device("cpu"))
+        assert "\n" not in str(err.value)
+
+
+def test_muon_flags_are_validated_and_explained():
+    with pytest.raises(UsageError, match="--muon-momentum"):
+        TrainConfig.from_flat({"dataset": "generated", "muon_momentum": 1.0})
+    with pytest.raises(UsageError, match="--muon-learning-rate"):
+        TrainConfig.from_flat({"dataset": "generated", "muon_learning_rate": -1.0})
+    from gpt2forge.train.config import field_help
+    assert "2-D weights of the transformer blocks" in field_help("optimizer") and "AdamW" in field_help("optimizer")
