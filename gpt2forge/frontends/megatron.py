@@ -153,9 +153,13 @@ def _tensor_parallel(value: int, values: dict) -> None:
 
 
 def _optimizer(value: str, values: dict) -> None:
+    if value in ("muon", "dist_muon"):
+        raise UsageError(f"--optimizer {value}: Megatron's Muon (q, k and v orthogonalized apart, spectral scaling, "
+                         "its --muon-* flags) is not run here; train_gpt2.py --optimizer Muon runs torch.optim.Muon "
+                         "on the blocks' whole matrices (docs/training.md)")
     if value != "adam":
         raise UsageError(f"--optimizer {value}: only adam (Megatron's Adam with decoupled weight decay = AdamW) is "
-                         "available through pretrain_gpt.py; train_gpt2.py also has LAMB")
+                         "available through pretrain_gpt.py; train_gpt2.py also has LAMB and Muon")
     values["optimizer"] = "AdamW"
 
 

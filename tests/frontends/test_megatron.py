@@ -106,6 +106,7 @@ def test_global_batch_over_data_parallel_replicas_and_pipeline_stages():
                                              "times pipeline model parallel size (1)"),
     (["--no-save-optim"], "--no-save-optim: checkpoints always hold the optimizer"),
     (["--optimizer", "sgd"], "--optimizer sgd: only adam"),
+    (["--optimizer", "muon"], "--optimizer muon: Megatron's Muon (q, k and v orthogonalized apart"),
     (["--no-load-optim"], "--no-load-optim without --finetune"),
     (["--data-impl", "lazy"], "--data-impl lazy: only the mmap format"),
     (["--tokenizer-type", "BertWordPieceLowerCase"], "--tokenizer-type BertWordPieceLowerCase"),
