@@ -2,15 +2,17 @@
 
 Owns the data flags (`args`: the `DataArgs` section of the run's configuration and the
 `data_request` built from it), the reader contract (`contract`: `DataRequest` in, `DatasetSplit`
-out, items of ``max_len + 1`` token ids, the `ShardedStream` base and the `EpochOrdered` hook), the
-readers (`generated`, `pickled` with `safe_pickle`, `mmap` over the Megatron `indexed` format,
+out, items of ``max_len + 1`` token ids, the `DataAccount` of what a reader kept and dropped, the
+`ShardedStream` base and the `EpochOrdered` hook), the readers (`generated`, `pickled` with
+`safe_pickle` and its `window_accounts`, `mmap` over the Megatron `indexed` format,
 `tfrecord`, `rawtext` for ``jsonl`` and ``text`` with its tokenized `text_cache` and the
 prompt/completion records of `completion`, `hf_datasets` for ``hf``: Hugging Face ``datasets`` data
 (opened by `hf_sources`) grouped into blocks as transformers' run_clm) and the registry `DATASETS`
 with `load_datasets`.
 
 Adding a format: write ``gpt2forge/data/<format>.py`` with a ``load(req)`` function honouring
-the contract (import it from ``gpt2forge.data.contract``), and add one entry to ``DATASETS``.
+the contract (import it from ``gpt2forge.data.contract``; its result accounts for every split it
+reads), and add one entry to ``DATASETS``.
 
 May import: gpt2forge.core, gpt2forge.ops, gpt2forge.text (the raw-text readers tokenize); the optional
 ``datasets`` package only inside `hf_sources` and `hf_datasets`, when ``--dataset hf`` is read.
@@ -22,8 +24,10 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data import generated, hf_datasets, mmap, pickled, rawtext, tfrecord
 from gpt2forge.data.contract import (
+    DataAccount,
     DataRequest,
     DatasetSplit,
+    Drop,
     EpochOrdered,
     Reader,
     ShardedStream,
@@ -44,7 +48,8 @@ DATASETS: dict[str, Reader] = {
 
 
 def load_datasets(req: DataRequest) -> DatasetSplit:
-    """Build the train (and optional validation) dataset that ``req.dataset`` names.
+    """Build the train (and optional validation) dataset that ``req.dataset`` names, with the accounts of
+    what its reader kept and dropped (the first one the training split's).
 
     Raises:
         UsageError: unknown dataset name (the message lists the valid ones), or any problem the
@@ -53,14 +58,18 @@ def load_datasets(req: DataRequest) -> DatasetSplit:
     reader = DATASETS.get(req.dataset)
     if reader is None:
         raise UsageError(f"--dataset {req.dataset} is unknown; choose one of {', '.join(DATASETS)}")
-    return reader(req)
+    split = reader(req)
+    assert split.accounts and split.accounts[0].split == "train", f"--dataset {req.dataset}: no training account"
+    return split
 
 
 __all__ = [
     "DATASETS",
     "IGNORE_INDEX",
+    "DataAccount",
     "DataRequest",
     "DatasetSplit",
+    "Drop",
     "EpochOrdered",
     "Reader",
     "ShardedStream",

@@ -72,10 +72,12 @@ class DataArgs:
     """Pickle: sliding-window stride in tokens."""
     val_num: int = opt(0)
     """Pickle: windows held out for validation (evaluated after each epoch)"""
-    windows: str = opt("document", choices=WINDOWS)
+    windows: str | None = opt(None, choices=WINDOWS)
     """(new) pickle: how training windows are drawn: document (the reference's: per document, overlapping tail, short
-    documents padded) | packed (documents end to end, cut every --stride tokens, as Megatron) | random (uniform starts
-    in that stream each epoch, as nanoGPT); validation windows are the same in all three."""
+    documents padded, documents under --max-len/2 tokens dropped) | packed (documents end to end, cut every --stride
+    tokens, as Megatron) | random (uniform starts in that stream each epoch, as nanoGPT); default: document, or packed
+    when document windows would drop more than half of the tokens (a corpus of short documents); validation windows
+    are the same in all three."""
     split: str = opt("969,30,1")
     """(new) mmap and tfrecord: train,valid,test weights over documents (mmap) or records (tfrecord), Megatron's
     --split; valid is evaluated as validation loss."""

@@ -27,7 +27,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.data.contract import DataRequest, DatasetSplit
+from gpt2forge.data.contract import DataAccount, DataRequest, DatasetSplit, Drop, count
 from gpt2forge.data.indexed import IndexedDataset
 from gpt2forge.data.mmap import split_boundaries
 
@@ -85,4 +85,16 @@ def load(req: DataRequest, prefix: Path) -> DatasetSplit:
     if parts[1] is None:
         log.notice(f"--loss-on completion: the valid share of --split {req.split} holds no record; no "
                    "validation loss will be logged")
-    return DatasetSplit(train=parts[0], val=parts[1], test=parts[2])
+    source = f"jsonl {' '.join(req.input_files)} --loss-on completion"
+    accounts = tuple(record_account(split, source, lengths[bounds[k]:bounds[k + 1]], req.max_len)
+                     for k, split in enumerate(("train", "valid", "test")) if parts[k] is not None)
+    return DatasetSplit(train=parts[0], val=parts[1], test=parts[2], accounts=accounts)
+
+
+def record_account(split: str, source: str, lengths: np.ndarray, max_len: int) -> DataAccount:
+    """One item per record, each keeping at most ``max_len + 1`` of its tokens (``completion_item``)."""
+    tokens, kept = int(lengths.sum()), int(np.minimum(lengths, max_len + 1).sum())
+    cut = Drop(f"of {count(int((lengths > max_len + 1).sum()), 'records')} longer than --max-len {max_len} + 1 "
+               "(the prompt's start cut first)", tokens - kept)
+    return DataAccount(split, source, len(lengths), tokens, len(lengths), "records", kept, drops=(cut,),
+                       unit="records")

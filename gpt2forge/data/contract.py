@@ -1,8 +1,9 @@
 """The reader contract: what a reader is given, what it returns, and what the trainer may ask of a dataset.
 
-Every reader is a function ``load(req: DataRequest) -> DatasetSplit``. Every dataset item is a 1-D
-``torch.int64`` tensor of exactly ``max_len + 1`` token ids, padded at the end with ``IGNORE_INDEX``;
-so ``collate`` is a plain stack and ``split_batch`` turns a batch into ``(input_ids, labels)`` of
+Every reader is a function ``load(req: DataRequest) -> DatasetSplit``, whose ``accounts`` say what
+it kept of its input and what it dropped, and why (``DataAccount``: no data is lost silently). Every
+dataset item is a 1-D ``torch.int64`` tensor of exactly ``max_len + 1`` token ids, padded at the end
+with ``IGNORE_INDEX``; so ``collate`` is a plain stack and ``split_batch`` turns a batch into ``(input_ids, labels)`` of
 ``(B, max_len)`` each. The training loop never branches on the format. An item may instead be a
 ``(2, max_len + 1)`` tensor: row 0 the token ids, row 1 a loss mask (1: the token is a scored
 target, 0: it is not, e.g. a prompt token under ``--loss-on completion``); ``split_batch`` turns the
@@ -66,8 +67,9 @@ class DataRequest:
     """``--training-steps``: when set, decides the epochs the run reads instead of ``epochs``."""
     verify: bool = False
     """``--verify``: full integrity check on open (tfrecord: every record's CRCs, payload and ids)."""
-    windows: str = "document"
-    """``--windows``: how pickle training windows are drawn (``document``, ``packed``, ``random``)."""
+    windows: str | None = None
+    """``--windows``: how pickle training windows are drawn (``document``, ``packed``, ``random``; None:
+    the reader chooses, ``data.pickled.choose_windows``)."""
     train_samples: int | None = None
     """Training samples the run will consume (host steps x samples per step), known before the data is
     read when the run length is given in steps or samples; mmap asks for exactly these, as Megatron-LM
@@ -114,7 +116,7 @@ class DataRequest:
                 f"samples per step {self.samples_per_step} must be >= 1 "
                 "(check --batch-size, --gradient-accumulation, --replication-factor)"
             )
-        if self.windows not in WINDOWS:
+        if self.windows is not None and self.windows not in WINDOWS:
             errors.append(f"--windows {self.windows} is not one of {', '.join(WINDOWS)}")
         if self.val_num < 0:
             errors.append(f"--val-num {self.val_num} must be >= 0")
@@ -125,6 +127,101 @@ class DataRequest:
         collect(errors)
 
 
+@dataclass(frozen=True)
+class Drop:
+    """Tokens of a split's input that no item holds, for one reason."""
+
+    reason: str
+    """Why, in words that follow ``dropped N tokens``: ``shorter than 128 tokens (--windows packed keeps them)``."""
+    tokens: int | None
+    """Tokens dropped; None: not counted (the account's ``note`` says how to count them)."""
+    documents: int = 0
+    """Whole documents (records) among them: documents none of whose tokens an item holds."""
+    whole: bool = False
+    """The tokens are exactly those documents' (``5 documents (60 tokens)``), not more (``90 tokens (5
+    documents whole)``)."""
+
+    def text(self, unit: str) -> str:
+        counted = "uncounted tokens" if self.tokens is None else count(self.tokens, "tokens")
+        if not self.documents:
+            return f"{counted} {self.reason}"
+        if self.whole:
+            return f"{count(self.documents, unit)} ({counted}) {self.reason}"
+        return f"{counted} ({count(self.documents, unit)} whole) {self.reason}"
+
+
+def count(n: int, plural: str) -> str:
+    """``count(5153, "documents")`` -> ``5,153 documents``; ``count(1, "windows")`` -> ``1 window``."""
+    return f"{n:,} {plural[:-1] if n == 1 and plural.endswith('s') else plural}"
+
+
+@dataclass(frozen=True)
+class DataAccount:
+    """What a reader made of one split's input: its items, and every token it did not keep, with the reason.
+
+    The trainer prints ``line()`` once at start-up, one line per split (and per corpus of a blend), e.g.
+    ``train data: pickle x.pkl: 5,153 documents, 412,000 tokens; kept 42 windows from 40 documents (9,300
+    tokens); dropped 5,113 documents (402,700 tokens) shorter than 128 tokens (--windows packed keeps them)``.
+    When every count is known, ``tokens == kept_tokens + sum(drop.tokens)``.
+    """
+
+    split: str
+    """``train``, ``valid`` or ``test``."""
+    source: str
+    """The reader and its input: ``pickle x.pkl``, ``mmap PREFIX``, ``tfrecord 'dir/*.tfrecord'``."""
+    documents: int
+    """Documents (``unit``) of the split's input."""
+    tokens: int | None
+    """Tokens of the split's input (None: not counted without reading every record)."""
+    items: int
+    """Items the split holds (a pass: ``len(dataset)``; 0 when the split yields no dataset)."""
+    item: str
+    """What an item is, plural: ``windows``, ``samples``, ``blocks``, ``records``."""
+    kept_tokens: int | None
+    """Tokens some item holds (each counted once)."""
+    kept_documents: int | None = None
+    """Documents some item holds a token of; None where an item is a record (nothing to add) or items
+    cross documents in an order the shuffle decides (mmap, hf)."""
+    drops: tuple[Drop, ...] = ()
+    unit: str = "documents"
+    """What the input is made of: ``documents``, ``records``, ``samples``."""
+    note: str = ""
+    """Anything else the line must say (a default the reader chose, how to count what is not counted)."""
+
+    def __post_init__(self) -> None:
+        counts = [self.tokens, self.kept_tokens, *(d.tokens for d in self.drops)]
+        assert None in counts or self.tokens == self.kept_tokens + sum(d.tokens for d in self.drops), (
+            f"{self.split} {self.source}: {self.tokens} tokens != kept {self.kept_tokens} + dropped {self.drops}")
+
+    @property
+    def dropped_tokens(self) -> int:
+        """Tokens dropped for every counted reason."""
+        return sum(d.tokens or 0 for d in self.drops)
+
+    @property
+    def dropped_documents(self) -> int:
+        """Whole documents dropped, all reasons."""
+        return sum(d.documents for d in self.drops)
+
+    def line(self) -> str:
+        """The start-up line (class doc)."""
+        counted = "" if self.tokens is None else f", {count(self.tokens, 'tokens')}"
+        kept = f"kept {count(self.items, self.item)}"
+        if self.kept_documents is not None:
+            kept += f" from {count(self.kept_documents, self.unit)}"
+        if self.kept_tokens is not None:
+            kept += f" ({count(self.kept_tokens, 'tokens')})"
+        parts = [f"{self.split} data: {self.source}: {count(self.documents, self.unit)}{counted}", kept]
+        drops = [d.text(self.unit) for d in self.drops if d.tokens != 0 or d.documents]
+        if drops:
+            parts.append("dropped " + ", ".join(drops))
+        elif self.tokens is not None:
+            parts.append("nothing dropped")
+        if self.note:
+            parts.append(self.note)
+        return "; ".join(parts)
+
+
 @dataclass
 class DatasetSplit:
     """A reader's result. ``val`` is None when the format or request holds nothing out."""
@@ -133,6 +230,9 @@ class DatasetSplit:
     val: torch.utils.data.Dataset | None
     test: torch.utils.data.Dataset | None = None
     """Evaluated once after training and logged (mmap's test split or ``--test-data-path``)."""
+    accounts: tuple[DataAccount, ...] = ()
+    """What the reader kept and dropped: one per split it read (a blend: per split and corpus), in
+    split order; every reader gives them, and the trainer prints them at start-up."""
 
 
 Reader = Callable[[DataRequest], DatasetSplit]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpt2forge.data.contract import DataRequest, DatasetSplit
+from gpt2forge.data.contract import DataAccount, DataRequest, DatasetSplit
 
 STEPS_PER_EPOCH = 4
 """Host steps per epoch of generated data (as in the reference)."""
@@ -58,4 +58,7 @@ def load(req: DataRequest) -> DatasetSplit:
         vocab_size=req.vocab_size,
         seed=req.seed,
     )
-    return DatasetSplit(train=train, val=None)
+    n, tokens = train.num_samples, train.num_samples * train.sample_len
+    account = DataAccount("train", "generated (uniform random token ids)", n, tokens, n, "samples", tokens,
+                          unit="samples")
+    return DatasetSplit(train=train, val=None, accounts=(account,))

@@ -13,10 +13,10 @@ rest training. The text column is ``--json-key``, else (for the default ``text``
 Blocks are run_clm_no_trainer's: ``datasets.map(batched=True)`` over batches of 1000 records, on
 ``--preprocessing-workers`` processes (contiguous shards), tokenizes each record (no special tokens
 added; the text ``<|endoftext|>`` is that token, as transformers' GPT-2 tokenizer reads it),
-concatenates the batch and cuts blocks of ``--max-len``, dropping the batch's remainder. So the worker
-count changes the blocks, as in run_clm. Item ``i`` is block ``i`` then one ``IGNORE_INDEX``: the
-inputs are the block, the loss covers its ``max_len - 1`` targets, as
-``GPT2LMHeadModel(input_ids=block, labels=block)``.
+concatenates the batch and cuts blocks of ``--max-len``, dropping the batch's remainder (counted in the
+start-up line, ``block_account``). So the worker count changes the blocks, as in run_clm. Item ``i``
+is block ``i`` then one ``IGNORE_INDEX``: the inputs are the block, the loss covers its ``max_len - 1``
+targets, as ``GPT2LMHeadModel(input_ids=block, labels=block)``.
 
 The blocks of each split are cached as ``NAME-KEY.{train,validation}.npy`` (uint16 when the vocabulary
 fits, else int32; memory-mapped), with ``NAME.manifest.json`` and ``NAME.lock`` as in ``text_cache``:
@@ -44,7 +44,7 @@ from gpt2forge.core import log
 from gpt2forge.core.atomic import fsync_path, write_atomic
 from gpt2forge.core.errors import UsageError, os_error_line
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.data.contract import DataRequest, DatasetSplit
+from gpt2forge.data.contract import DataAccount, DataRequest, DatasetSplit, Drop
 from gpt2forge.data.hf_sources import Source, import_datasets, open_raw, resolve_source, text_column
 from gpt2forge.data.text_cache import (
     CACHE_FORMAT,
@@ -313,4 +313,15 @@ def open_blocks(manifest: dict, slot: CacheSlot, req: DataRequest, where: str, r
                          f"vocabulary has {req.vocab_size}; pass the model's tokenizer with --tokenizer-name-or-path "
                          "(or a model of a larger vocab_size)")
     val_set = BlockDataset(Path(f"{prefix}.validation.npy"), req.max_len) if val and val["blocks"] else None
-    return DatasetSplit(BlockDataset(Path(f"{prefix}.train.npy"), req.max_len), val_set)
+    accounts = tuple(block_account(name, f"hf {where}", figures, req.max_len)
+                     for name, figures in (("train", train), ("valid", val)) if figures is not None)
+    return DatasetSplit(BlockDataset(Path(f"{prefix}.train.npy"), req.max_len), val_set, accounts=accounts)
+
+
+def block_account(split: str, source: str, figures: dict, block_size: int) -> DataAccount:
+    """A split's blocks from its build figures (``write_blocks``): each batch's remainder is dropped."""
+    kept = figures["blocks"] * block_size
+    remainder = Drop(f"left after the last block of each batch of {MAP_BATCH:,} records (run_clm's group_texts)",
+                     figures["tokens"] - kept)
+    return DataAccount(split, source, figures["records"], figures["tokens"], figures["blocks"], "blocks", kept,
+                       drops=(remainder,), unit="records")

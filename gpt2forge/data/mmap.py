@@ -28,7 +28,8 @@ never leaves a wrong cache.
 
 Epochs: ``len(dataset)`` is the samples of one pass over the split's tokens (of every corpus, for a
 blend); the training samples are read in order across epochs (``epoch_indices``), exactly as Megatron
-consumes its shuffled index.
+consumes its shuffled index. The start-up lines count, per split and corpus, the tokens a pass keeps
+and the fewer than ``seq_length`` it drops after its last full sample (``pass_account``).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from gpt2forge.data.blend import (
     split_blends,
     train_target,
 )
-from gpt2forge.data.contract import DataRequest, DatasetSplit
+from gpt2forge.data.contract import DataAccount, DataRequest, DatasetSplit, Drop
 from gpt2forge.data.indexed import IndexedDataset, open_corpora, save_npy_atomic
 from gpt2forge.ops.library import load_custom_ops
 
@@ -292,6 +293,21 @@ def epoch_samples_of(data: IndexedDataset, first: int, end: int, seq_length: int
     return max(int(data.sizes[first:end].sum(dtype=np.int64)) - 1, 0) // seq_length
 
 
+def pass_account(split: str, source: str, data: IndexedDataset, first: int, end: int, seq_length: int) -> DataAccount:
+    """What one pass over documents ``[first, end)`` keeps: ``epoch_samples_of`` samples of ``seq_length + 1``
+    tokens, consecutive ones sharing one, so ``n * seq_length + 1`` tokens; the rest, fewer than a sample,
+    is dropped at the end of the pass (which documents end it, the shuffle decides)."""
+    sizes = data.sizes[first:end]
+    tokens, n = int(sizes.sum(dtype=np.int64)), epoch_samples_of(data, first, end, seq_length)
+    if n:
+        drop = Drop("after the last full sample of a pass (samples cross documents, Megatron's cut)",
+                    tokens - (n * seq_length + 1))
+    else:
+        drop = Drop(f"in fewer tokens than one sample of --max-len {seq_length} + 1", tokens, int((sizes > 0).sum()),
+                    whole=True)
+    return DataAccount(split, source, end - first, tokens, n, "samples", tokens - drop.tokens, drops=(drop,))
+
+
 def gpt_dataset(data: IndexedDataset, name: str, first: int, end: int, num_samples: int | None,
                 seq_length: int, seed: int) -> GPTDataset | None:
     """Megatron's GPTDataset of documents ``[first, end)`` asked for ``num_samples`` (None: one
@@ -361,11 +377,12 @@ def blended_split(name: str, blend: Blend, ranges: dict[str, tuple[int, int]],
     return result
 
 
-def load(req: DataRequest) -> DatasetSplit:
+def load(req: DataRequest, labels: dict[str, str] | None = None) -> DatasetSplit:
     """Reader for ``mmap``: train, valid and test splits of one blend split by ``--split``, or of one
     blend per split (``--train-data-path`` ...), or of one blend split by ``--split`` whose valid or test
     share is replaced by ``--valid-data-path`` / ``--test-data-path`` (``split_blends``). A bare single
-    prefix is Megatron's plain GPTDataset.
+    prefix is Megatron's plain GPTDataset. The accounts (``pass_account``) name each prefix by ``labels``
+    (``rawtext``: the files it was tokenized from), else ``mmap PREFIX``.
 
     Raises:
         UsageError: bad blend flags or ``--split``, a missing or corrupt file, token ids outside the
@@ -384,12 +401,15 @@ def load(req: DataRequest) -> DatasetSplit:
         log.info(f"mmap {p}: {len(data)} documents, {data.num_tokens} tokens ({data.dtype}){where}")
     samples, epochs = train_target(req)
     out: list[torch.utils.data.Dataset | None] = []
+    accounts = []
     for k, name in enumerate(SPLIT_NAMES):
         blend = blends[k]
         if blend is None:
             out.append(None)
             continue
         ranges = {p: (0, len(corpora[p])) if whole[k] else (bounds[p][k], bounds[p][k + 1]) for p in blend.prefixes}
+        accounts += [pass_account(name, (labels or {}).get(p, f"mmap {p}"), corpora[p], *ranges[p], seq)
+                     for p in blend.prefixes if ranges[p][1] > ranges[p][0] or name == "train"]
         size, passes = (samples, epochs) if name == "train" else (None, 1)
         if len(blend.prefixes) == 1 and (whole[k] or blend.weights is None):
             p = blend.prefixes[0]
@@ -407,4 +427,4 @@ def load(req: DataRequest) -> DatasetSplit:
     if out[1] is None:
         log.notice(f"mmap: the valid split of --split {req.split} holds less than one sample; "
                    "no validation loss will be logged")
-    return DatasetSplit(train=out[0], val=out[1], test=out[2])
+    return DatasetSplit(train=out[0], val=out[1], test=out[2], accounts=tuple(accounts))

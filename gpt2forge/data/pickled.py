@@ -10,24 +10,33 @@ Windows (``L = max_len + 1`` tokens each), per document of ``n`` tokens:
 - if ``n >= L`` and the last of those did not end at ``n``: a tail window ``doc[n - L :]``;
 - if ``max(max_len // 2, 2) <= n < L``: one window holding the whole document, padded to ``L``
   with ``IGNORE_INDEX`` (the reference kept only the document's last ``max_len - n`` tokens);
-- shorter documents are dropped and counted (``num_dropped_documents``).
+- shorter documents are dropped, and the start-up line says so (``DataAccount``).
 
-``--windows`` chooses how training windows are drawn (validation is always the first ``--val-num``
-of the shuffled document windows above, so every choice is scored on the same held-out tokens):
+``--windows`` chooses how training windows are drawn:
 
 - ``document`` (the reference's): the document windows above, shuffled each epoch;
 - ``packed``: the documents end to end (each ends with its ``<|endoftext|>``) minus the held-out
   windows' tokens, cut at fixed ``--stride`` steps into windows that cross documents, as Megatron
   cuts its samples; shuffled each epoch;
 - ``random``: each epoch draws as many windows as ``packed`` makes, each at a start drawn uniformly
-  from that stream, seeded by ``(--seed, epoch)`` (nanoGPT's ``get_batch``).
+  from that stream, seeded by ``(--seed, epoch)`` (nanoGPT's ``get_batch``);
+- not given: ``document``, unless the corpus is one of short documents (``choose_windows``: document
+  windows would drop more than half of its tokens), which is ``packed``; the start-up line says which.
+
+Held-out windows (``--val-num``) depend on the corpus, never on ``--windows``, so every choice is
+scored on the same tokens: the first ``--val-num`` of the shuffled document windows; for a corpus of
+short documents (which has few document windows, if any), ``--val-num`` windows of ``L`` tokens cut
+from the documents end to end at multiples of ``L``, drawn by ``--seed``. Training windows never hold
+a held-out token in that case (document windows overlapping one are held out with it).
 
 Fixes to the reference: every item is ``max_len + 1`` long so the model sees ``max_len`` positions
 (the reference cut ``max_len``), the window shuffle is seeded by ``--seed`` (reference: unseeded),
-and short documents keep all their tokens.
+short documents keep all their tokens, and no document is dropped without a word.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -36,12 +45,18 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data.contract import DataRequest, DatasetSplit
 from gpt2forge.data.safe_pickle import safe_load
+from gpt2forge.data.window_accounts import document_account, held_out_account, stream_account
 
 RECREATE = (
     "python data/wikipedia_preprocess.py --input-file-path <wikiextractor output dir> "
     "--output-file-path <output dir>"
 )
 """The command that writes a pickle this reader accepts (named in every file error)."""
+SHORT_SHARE = 0.5
+"""A corpus is one of short documents when ``--windows document`` would drop more than this share of
+its tokens (documents shorter than ``max_len // 2``). Below it, document windows still train on most
+of the corpus and match the held-out document windows best (docs/benchmarks.md, ``--windows``);
+above it, most of the corpus would be lost, while ``packed`` keeps every token."""
 
 
 class WindowDataset(torch.utils.data.Dataset):
@@ -51,26 +66,13 @@ class WindowDataset(torch.utils.data.Dataset):
         tokens: 1-D int32/int64 tensor, all documents of the file concatenated.
         windows: ``(N, 2)`` int64 tensor of ``(start, length)`` into ``tokens``, ``1 <= length <= L``.
         sample_len: ``L = max_len + 1``, the length of every item.
-        num_documents: documents in the file.
-        num_dropped_documents: documents too short to make a window.
-        num_tokens: tokens in the file (all documents, dropped ones included).
     """
 
-    def __init__(
-        self,
-        tokens: torch.Tensor,
-        windows: torch.Tensor,
-        sample_len: int,
-        num_documents: int,
-        num_dropped_documents: int,
-    ) -> None:
+    def __init__(self, tokens: torch.Tensor, windows: torch.Tensor, sample_len: int) -> None:
         assert windows.dim() == 2 and windows.shape[1] == 2, "windows must be (N, 2)"
         self.tokens = tokens
         self.windows = windows
         self.sample_len = sample_len
-        self.num_documents = num_documents
-        self.num_dropped_documents = num_dropped_documents
-        self.num_tokens = int(tokens.numel())
 
     def __len__(self) -> int:
         return int(self.windows.shape[0])
@@ -85,19 +87,15 @@ class WindowDataset(torch.utils.data.Dataset):
 class StreamWindows(torch.utils.data.Dataset):
     """``--windows packed``: item ``i`` is ``stream[i * stride : i * stride + L]`` (no padding).
 
-    Attributes as ``WindowDataset``'s; ``stream`` is the 1-D token tensor the windows cut.
+    Attributes: ``stream``, the 1-D token tensor the windows cut; ``sample_len`` and ``stride``.
     """
 
-    def __init__(self, stream: torch.Tensor, sample_len: int, stride: int, num_documents: int,
-                 num_dropped_documents: int, num_tokens: int) -> None:
+    def __init__(self, stream: torch.Tensor, sample_len: int, stride: int) -> None:
         if stream.numel() < sample_len:
             raise ValueError(f"a stream of {stream.numel()} tokens is shorter than one window ({sample_len})")
         self.stream = stream
         self.sample_len = sample_len
         self.stride = stride
-        self.num_documents = num_documents
-        self.num_dropped_documents = num_dropped_documents
-        self.num_tokens = num_tokens
 
     def __len__(self) -> int:
         return (int(self.stream.numel()) - self.sample_len) // self.stride + 1
@@ -141,10 +139,10 @@ def document_windows(lengths: np.ndarray, max_len: int, stride: int) -> tuple[np
     Returns:
         ``(windows, num_dropped)``: ``windows`` is an ``(N, 2)`` int64 array of ``(start, length)``
         into the concatenated documents, in document order then position order; ``num_dropped`` counts
-        documents too short for any window.
+        documents too short for any window (``min_window_tokens``).
     """
     L = max_len + 1
-    min_len = max(max_len // 2, 2)  # a window needs 2 tokens for one (input, label) pair
+    min_len = min_window_tokens(max_len)
     lengths = np.asarray(lengths, dtype=np.int64)
     offsets = np.cumsum(lengths) - lengths  # where each document starts in the concatenation
 
@@ -224,52 +222,102 @@ def _check_files(files: tuple[str, ...]) -> str:
     return files[0]
 
 
+def min_window_tokens(max_len: int) -> int:
+    """The fewest tokens a document needs for a document window: half a window, and at least 2 (one
+    (input, label) pair)."""
+    return max(max_len // 2, 2)
+
+
+def choose_windows(req: DataRequest, lengths: np.ndarray) -> tuple[str, bool]:
+    """``(windows, short)``: the training windows to draw, and whether the corpus is one of short
+    documents (``--windows document`` would drop more than ``SHORT_SHARE`` of its tokens).
+
+    ``--windows`` given: that. Not given: ``packed`` for short documents, else ``document``.
+    """
+    short_tokens = int(lengths[lengths < min_window_tokens(req.max_len)].sum())
+    short = short_tokens > SHORT_SHARE * int(lengths.sum())
+    return req.windows or ("packed" if short else "document"), short
+
+
 def load(req: DataRequest) -> DatasetSplit:
     """Reader for ``pickle``: windows of the one ``.pkl`` in ``--input-files``, shuffled by ``--seed``.
 
-    The first ``--val-num`` shuffled windows form ``val`` (None when ``val_num == 0``); the rest
-    form ``train``. Both share one token tensor and carry the file's document/token counts.
+    ``val`` holds the ``--val-num`` held-out windows (None when ``val_num == 0``; module doc), ``train``
+    the training windows ``--windows`` draws (``choose_windows`` when not given); both share one token
+    tensor. The accounts count what each keeps and drops (``window_accounts``).
 
     Raises:
-        UsageError: bad ``--input-files``/``--stride``/``--val-num``, or a bad file (see ``read_documents``).
+        UsageError: bad ``--input-files``/``--stride``/``--val-num``, a bad file (see ``read_documents``),
+            or too little text for a window.
     """
     path = _check_files(req.input_files)
     if req.stride < 1:
         raise UsageError(f"--stride {req.stride} must be >= 1 (tokens between window starts)")
     docs = read_documents(path, req.vocab_size)
     lengths = np.array([d.size for d in docs], dtype=np.int64)
+    if not lengths.sum():
+        raise UsageError(f"{path}: its {len(docs)} documents hold no tokens; re-create it with `{RECREATE}`")
     # Ids were range-checked, so the direct (unsafe) cast cannot wrap; int32 halves the memory.
     store = np.int32 if req.vocab_size <= np.iinfo(np.int32).max + 1 else np.int64
     tokens = torch.from_numpy(np.concatenate(docs, dtype=store, casting="unsafe"))
     del docs
 
-    windows, dropped = document_windows(lengths, req.max_len, req.stride)
-    n = windows.shape[0]
-    if n == 0:
-        raise UsageError(
-            f"{path}: no document has the {max(req.max_len // 2, 2)} tokens needed for a window at "
-            f"--max-len {req.max_len}; lower --max-len or use a corpus with longer documents"
-        )
-    if req.val_num >= n:
-        raise UsageError(
-            f"--val-num {req.val_num} leaves no training windows ({path} makes {n} at --max-len "
-            f"{req.max_len} --stride {req.stride}); choose --val-num below {n}"
-        )
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(req.seed))
+    windows, _ = document_windows(lengths, req.max_len, req.stride)
+    mode, short = choose_windows(req, lengths)
+    min_len = min_window_tokens(req.max_len)
+    if mode == "document" and not len(windows):
+        raise UsageError(f"{path}: no document has the {min_len} tokens a --windows document window needs at "
+                         f"--max-len {req.max_len}; use --windows packed (windows across documents) or lower "
+                         "--max-len")
+    perm = torch.randperm(len(windows), generator=torch.Generator().manual_seed(req.seed))
     shuffled = torch.from_numpy(windows)[perm]  # (N, 2)
+    if short and req.val_num:
+        val_rows = packed_held_out(req, path, int(lengths.sum()))
+        train_rows = shuffled[~overlaps(shuffled, val_rows)]
+    else:
+        if req.val_num and req.val_num >= len(windows):
+            raise UsageError(
+                f"--val-num {req.val_num} leaves no training windows ({path} makes {len(windows)} at --max-len "
+                f"{req.max_len} --stride {req.stride}); choose --val-num below {len(windows)}")
+        val_rows, train_rows = shuffled[: req.val_num], shuffled[req.val_num :]
+    L, source = req.max_len + 1, f"pickle {path}"
+    val = WindowDataset(tokens, val_rows, L) if req.val_num else None
+    if mode == "document":
+        train = WindowDataset(tokens, train_rows, L)
+        account = document_account(source, req, lengths, min_len, windows, train_rows.numpy())
+    else:
+        train = _stream_windows(req, mode, tokens, val_rows)
+        account = stream_account(source, req, mode, lengths, val_rows.numpy())
+    if short and req.windows is None:
+        lost = int(lengths[lengths < min_len].sum())
+        account = replace(account, note=f"--windows packed, the default here: --windows document would drop "
+                                        f"{lost:,} of the {int(lengths.sum()):,} tokens")
+    accounts = (account,) if val is None else (account, held_out_account(source, lengths, val_rows.numpy(), short))
+    return DatasetSplit(train=train, val=val, accounts=accounts)
 
-    def part(rows: torch.Tensor) -> WindowDataset:
-        return WindowDataset(tokens, rows, req.max_len + 1, len(lengths), dropped)
 
-    val_rows = shuffled[: req.val_num]
-    val = part(val_rows) if req.val_num else None
-    if req.windows == "document":
-        return DatasetSplit(train=part(shuffled[req.val_num :]), val=val)
-    return DatasetSplit(train=_stream_windows(req, tokens, val_rows, len(lengths)), val=val)
+def packed_held_out(req: DataRequest, path: str, total: int) -> torch.Tensor:
+    """The held-out windows of a corpus of short documents: ``(val_num, 2)`` rows ``(start, L)``, starts
+    drawn by ``--seed`` among the multiples of ``L`` of the documents end to end (so they never overlap)."""
+    L = req.max_len + 1
+    slots = total // L
+    if req.val_num >= slots:
+        raise UsageError(f"--val-num {req.val_num} leaves no training windows ({path}: {total:,} tokens make "
+                         f"{slots} held-out windows of --max-len {req.max_len} + 1); choose --val-num below {slots}")
+    chosen = torch.randperm(slots, generator=torch.Generator().manual_seed(req.seed))[: req.val_num]
+    return torch.stack([chosen * L, torch.full_like(chosen, L)], dim=1)  # (val_num, 2)
 
 
-def _stream_windows(req: DataRequest, tokens: torch.Tensor, held_out: torch.Tensor,
-                    num_documents: int) -> StreamWindows:
+def overlaps(rows: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """Which ``(start, length)`` rows share a token with the disjoint ``held`` rows (bool, one per row)."""
+    held = held[torch.argsort(held[:, 0])]
+    ends = rows[:, 0] + rows[:, 1]
+    last = torch.searchsorted(held[:, 0].contiguous(), ends, right=False) - 1  # the last held row starting before
+    reach = (held[:, 0] + held[:, 1])[last.clamp(min=0)]
+    return (last >= 0) & (reach > rows[:, 0])
+
+
+def _stream_windows(req: DataRequest, mode: str, tokens: torch.Tensor, held_out: torch.Tensor) -> StreamWindows:
     """``packed`` / ``random`` training windows over every token outside the held-out windows."""
     keep = torch.ones(tokens.numel(), dtype=torch.bool)
     for start, length in held_out.tolist():
@@ -277,11 +325,9 @@ def _stream_windows(req: DataRequest, tokens: torch.Tensor, held_out: torch.Tens
     stream = tokens[keep]
     L = req.max_len + 1
     if stream.numel() < L:
-        raise UsageError(
-            f"{req.input_files[0]}: {stream.numel()} tokens are left outside the --val-num {req.val_num} "
-            f"held-out windows, fewer than one window ({L}); lower --val-num or --max-len"
-        )
-    args = (stream, L, req.stride, num_documents, 0, int(tokens.numel()))
-    if req.windows == "random":
-        return RandomStreamWindows(*args, seed=req.seed)
-    return StreamWindows(*args)
+        held = f" left outside the --val-num {req.val_num} held-out windows" if req.val_num else ""
+        raise UsageError(f"{req.input_files[0]}: {stream.numel()} tokens{held}, fewer than one window of --max-len "
+                         f"{req.max_len} + 1; {'lower --val-num or --max-len' if held else 'lower --max-len'}")
+    if mode == "random":
+        return RandomStreamWindows(stream, L, req.stride, seed=req.seed)
+    return StreamWindows(stream, L, req.stride)

@@ -295,7 +295,14 @@ def load(req: DataRequest) -> DatasetSplit:
     if not req.input_files:
         raise UsageError(f"--dataset {dataset} needs --input-files: files or quoted globs, e.g. 'docs/*.{dataset}'")
     groups = weighted_groups(req.input_files)
-    held_out = {name: (str(cached_prefix(resolve_inputs(getattr(req, name), dataset, flag), dataset, req)),)
+    labels: dict[str, str] = {}  # cache prefix -> the files it holds, for the start-up lines
+
+    def prefix_of(patterns: tuple[str, ...], flag: str = "--input-files") -> str:
+        prefix = str(cached_prefix(resolve_inputs(patterns, dataset, flag), dataset, req))
+        labels[prefix] = f"{dataset} {' '.join(patterns)}"
+        return prefix
+
+    held_out = {name: (prefix_of(getattr(req, name), flag),)
                 for name, flag in (("valid_paths", "--valid-data-path"), ("test_paths", "--test-data-path"))
                 if getattr(req, name)}  # read whole; the training files are still split by --split
     if req.loss_on == "completion":
@@ -307,8 +314,7 @@ def load(req: DataRequest) -> DatasetSplit:
                              "(one set, without blend weights)")
         return completion.load(req, cached_prefix(resolve_inputs(req.input_files, dataset), dataset, req))
     if groups[0][0] is None:
-        prefixes = (str(cached_prefix(resolve_inputs(req.input_files, dataset), dataset, req)),)
+        prefixes = (prefix_of(req.input_files),)
     else:
-        prefixes = tuple(itertools.chain.from_iterable(
-            (w, str(cached_prefix(resolve_inputs((g,), dataset), dataset, req))) for w, g in groups))
-    return mmap.load(replace(req, dataset="mmap", input_files=prefixes, **held_out))
+        prefixes = tuple(itertools.chain.from_iterable((w, prefix_of((g,))) for w, g in groups))
+    return mmap.load(replace(req, dataset="mmap", input_files=prefixes, **held_out), labels)

@@ -13,7 +13,10 @@ CRCs of each (the reference never checked them).
 Items: ``max_len + 1`` tokens, the record's first ones; a shorter record is padded at the end with
 ``IGNORE_INDEX`` (so a record written with ``--seq-length max_len`` lets the model see all
 ``max_len`` positions; the reference cut one). Records are numbered across the sorted files and split
-by ``--split`` (train, valid, test ranges; the reference used the last file as validation set).
+by ``--split`` (train, valid, test ranges, the test split evaluated after training; the reference used
+the last file as validation set). The start-up lines count each split's tokens and those past
+``max_len + 1`` of longer records, which no item holds; without ``--verify`` only the first record of
+each file is read on open, so tokens are not counted (a longer one read says tokens are lost).
 
 The training stream of an epoch: the files in an order shuffled by ``(seed, epoch)``, each file's
 training records in file order, cut into blocks of B items (B = --batch-size). Rank ``r`` of ``R``
@@ -40,7 +43,7 @@ from tqdm import tqdm
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.data.contract import DataRequest, DatasetSplit, ShardedStream
+from gpt2forge.data.contract import DataAccount, DataRequest, DatasetSplit, Drop, ShardedStream, count
 from gpt2forge.data.mmap import split_boundaries
 
 FEATURE = "input_ids"
@@ -269,28 +272,46 @@ class TFRecordDataset(ShardedStream):
         return item
 
 
-def _check_records(source: RecordSource, verify: bool, sample_len: int) -> None:
-    """Read the first record of each file, or every record with ``verify``; notice a length mismatch."""
-    lengths = set()
-    total = int(source.counts.sum()) if verify else len(source.files)
-    with tqdm(total=total, desc="verifying TFRecords", unit="rec", disable=not verify or log.rank() != 0) as bar:
+def _check_records(source: RecordSource, verify: bool, sample_len: int) -> np.ndarray:
+    """Read the first record of each file, or every record with ``verify``; notice a length mismatch.
+
+    Returns the token count of every record (global order), -1 for each record not read.
+    """
+    lengths = np.full(int(source.counts.sum()), -1, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(source.counts)[:-1]])
+    with tqdm(total=len(lengths) if verify else len(source.files), desc="verifying TFRecords", unit="rec",
+              disable=not verify or log.rank() != 0) as bar:
         for f, path in enumerate(source.files):
             end = len(source.bounds[f]) - 1 if verify else 1
             with open(path, "rb") as h:
-                for ids in source.read(h, f, 0, end, verify):
-                    lengths.add(int(ids.size))
+                for r, ids in enumerate(source.read(h, f, 0, end, verify)):
+                    lengths[starts[f] + r] = ids.size
                     bar.update(1)
-    longest = max(lengths)
-    if longest > sample_len:
-        log.notice(f"TFRecords hold up to {longest} tokens; --max-len {sample_len - 1} uses the first "
-                   f"{sample_len} of each record")
-    elif longest < sample_len - 1:
+    longest = int(lengths.max())
+    if longest < sample_len - 1:
         log.notice(f"TFRecords hold {longest} tokens or fewer; items are padded to --max-len "
                    f"{sample_len - 1} + 1 (write them with --seq-length {sample_len - 1} to use it all)")
+    return lengths
+
+
+def record_account(split: str, source: str, lengths: np.ndarray, sample_len: int) -> DataAccount:
+    """An item per record, its first ``sample_len`` tokens. ``lengths``: the split's record lengths, -1
+    where a record was not read (then tokens are not counted; a record read longer says some are lost)."""
+    n, known = len(lengths), bool((lengths >= 0).all())
+    longer = lengths > sample_len
+    if known:
+        tokens, kept = int(lengths.sum()), int(np.minimum(lengths, sample_len).sum())
+        cut = Drop(f"past the first {sample_len:,} of {count(int(longer.sum()), 'records')} longer than --max-len "
+                   f"{sample_len - 1} + 1", tokens - kept)
+        return DataAccount(split, source, n, tokens, n, "records", kept, drops=(cut,), unit="records")
+    drops = (Drop(f"past the first {sample_len:,} of each longer record (records read on open hold up to "
+                  f"{int(lengths.max()):,})", None),) if longer.any() else ()
+    return DataAccount(split, source, n, None, n, "records", None, drops=drops, unit="records",
+                       note="tokens not counted: --verify reads every record on open")
 
 
 def load(req: DataRequest) -> DatasetSplit:
-    """Reader for ``tfrecord``: train and valid splits of the records (see module doc).
+    """Reader for ``tfrecord``: train, valid and test splits of the records (see module doc).
 
     Raises:
         UsageError: no files, a missing/malformed/inconsistent index, a corrupt record (CRCs only with
@@ -298,16 +319,17 @@ def load(req: DataRequest) -> DatasetSplit:
     """
     files = expand_inputs(req.input_files)
     source = RecordSource(tuple(files), tuple(read_index(f) for f in files), req.vocab_size)
-    _check_records(source, req.verify, req.max_len + 1)
+    L = req.max_len + 1
+    lengths = _check_records(source, req.verify, L)
     total = int(source.counts.sum())
     bounds = split_boundaries(req.split, total)
     log.info(f"tfrecord: {len(files)} files, {total} records; --split {req.split}: train "
              f"{bounds[1] - bounds[0]}, valid {bounds[2] - bounds[1]}, test {bounds[3] - bounds[2]}")
     if bounds[1] <= bounds[0]:
         raise UsageError(f"--split {req.split} leaves no training record of {total}; give train a larger share")
-    L = req.max_len + 1
-    train = TFRecordDataset(source, bounds[0], bounds[1], L, req.seed, shuffle=True)
-    val = None
-    if bounds[2] > bounds[1]:
-        val = TFRecordDataset(source, bounds[1], bounds[2], L, req.seed, shuffle=False)
-    return DatasetSplit(train=train, val=val)
+    splits = [TFRecordDataset(source, bounds[k], bounds[k + 1], L, req.seed, shuffle=k == 0)
+              if bounds[k + 1] > bounds[k] else None for k in range(3)]
+    label = f"tfrecord {' '.join(req.input_files)}"
+    accounts = tuple(record_account(name, label, lengths[bounds[k]:bounds[k + 1]], L)
+                     for k, name in enumerate(("train", "valid", "test")) if splits[k] is not None)
+    return DatasetSplit(train=splits[0], val=splits[1], test=splits[2], accounts=accounts)

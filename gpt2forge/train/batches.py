@@ -21,18 +21,26 @@ from gpt2forge.train.step import Run
 
 
 def load_data(cfg: TrainConfig, vocab_size: int, samples_per_step: int) -> tuple[DatasetSplit, int, int]:
-    """The datasets, the host steps per epoch and the run's host steps."""
+    """The datasets, the host steps per epoch and the run's host steps; prints what each split's reader
+    kept and dropped (one `DataAccount` line each) and the epoch's share of the training samples."""
     log.banner("Loading data")
     t0 = time.perf_counter()
     fixed_steps = steps_from_length(cfg, samples_per_step)
     data = load_datasets(data_request(cfg.data, cfg.arch.max_len, vocab_size, samples_per_step, cfg.optim.epochs,
                                       fixed_steps))
+    for account in data.accounts:
+        log.info(account.line())
     steps_per_epoch = len(data.train) // samples_per_step
     if steps_per_epoch < 1:
         raise UsageError(f"--input-files: {len(data.train)} training samples are fewer than one host step needs "
                          f"({samples_per_step}); reduce --batch-size, --gradient-accumulation or "
                          "--device-iterations, or add data")
-    log.info(f"Samples per epoch: {len(data.train)}")
+    read = steps_per_epoch * samples_per_step
+    # An epoch reads whole steps; an EpochOrdered dataset reads on where the last epoch stopped, any
+    # other leaves a different remainder out of each (reshuffled) epoch.
+    rest = "" if read == len(data.train) or isinstance(data.train, EpochOrdered) else (
+        f" (an epoch reads {read} of them: {steps_per_epoch} steps of {samples_per_step})")
+    log.info(f"Samples per epoch: {len(data.train)}{rest}")
     log.info(f"Steps per epoch: {steps_per_epoch}")
     log.info(f"Data loaded in {time.perf_counter() - t0:.2f} secs")
     return data, steps_per_epoch, fixed_steps or cfg.optim.epochs * steps_per_epoch

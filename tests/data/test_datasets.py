@@ -84,7 +84,8 @@ def test_items_are_full_length_with_padding(tmp_path):
     expected = {tuple(d0[s : s + 8]) for s in (0, 4, 8, 12, 14)}
     expected.add(tuple(d1 + [IGNORE_INDEX] * 3))  # whole short document, padded at the end
     assert got == expected
-    assert (train.num_documents, train.num_dropped_documents, train.num_tokens) == (3, 1, 29)
+    account = split.accounts[0]
+    assert (account.documents, account.dropped_documents, account.tokens) == (3, 1, 29)
 
 
 def test_numpy_documents_and_scalars_accepted(tmp_path):

@@ -213,8 +213,8 @@ def test_weighted_input_files_give_one_cache_per_corpus(tmp_path, monkeypatch):
     a = write_jsonl(tmp_path / "a.jsonl", TEXTS)
     b = write_jsonl(tmp_path / "b.jsonl", TEXTS[::-1])
     seen = []
-    monkeypatch.setattr(rawtext.mmap, "load", lambda req: seen.append(req))
-    load_datasets(request(["0.7", a, "0.3", tmp_path / "b*.jsonl"]))
+    monkeypatch.setattr(rawtext.mmap, "load", lambda req, labels: seen.append(req))
+    rawtext.load(request(["0.7", a, "0.3", tmp_path / "b*.jsonl"]))
     (req,) = seen
     weights, prefixes = req.input_files[::2], req.input_files[1::2]
     assert req.dataset == "mmap" and weights == ("0.7", "0.3") and len(set(prefixes)) == 2
