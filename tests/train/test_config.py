@@ -16,7 +16,8 @@ from gpt2forge.train.config import FIELD_SECTION, SECTIONS, TrainConfig, field_h
 # The flat field names of the single TrainConfig before it was split into sections (issue 15): the
 # keys of every train_config.json saved next to a checkpoint and of --config files.
 FLAT_NAMES = {
-    "adam_beta1", "adam_beta2", "adam_eps", "windows", "dataset_config_name", "validation_split_percentage",
+    "adam_beta1", "adam_beta2", "adam_eps", "muon_learning_rate", "muon_momentum", "windows", "dataset_config_name",
+    "validation_split_percentage",
     "keep_linebreaks", "preprocessing_workers", "overwrite_cache", "final_model_dir",
     "hidden_dropout", "attention_dropout", "train_data_path", "valid_data_path", "test_data_path", "json_key",
     "data_cache_dir", "loss_on", "reset_position_ids", "reset_attention_mask", "eod_mask_loss", "min_lr",
