@@ -11,9 +11,10 @@ What `--optimizer` builds:
 | `Muon`                 | `MuonAdamW`                  | decoupled                |
 
 `Muon` updates the 2-D weights of the transformer blocks (attention qkv and output projection, MLP in
-and out) with `torch.optim.Muon` (Nesterov momentum `--muon-momentum`, five Newton-Schulz steps that
-orthogonalize the update, its RMS matched to AdamW's so that `--muon-learning-rate` is in AdamW's
-units: Moonshot's "match_rms_adamw") and everything else (token and position embeddings, the LM head,
+and out) with torch.optim.Muon's algorithm (`MuonAdamW`: Nesterov momentum `--muon-momentum`, five
+Newton-Schulz steps that orthogonalize the update, batched over the matrices of one shape and run in
+the run's precision, its RMS matched to AdamW's so that `--muon-learning-rate` is in AdamW's units:
+Moonshot's "match_rms_adamw") and everything else (token and position embeddings, the LM head,
 LayerNorms, biases) with AdamW at `--learning-rate`, as modded-nanogpt and Moonshot's Moonlight split
 them. The orthogonalization needs whole matrices, and the checkpoint keeps one process's groups: one
 process and DDP replicas only (`build_optimizer` and the trainer refuse the rest by name).
@@ -81,6 +82,7 @@ def build_optimizer(
     host_update: bool = False,
     muon_lr: float | None = None,
     muon_momentum: float = 0.95,
+    muon_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.optim.Optimizer:
     """Build the optimizer named by `--optimizer` over `param_groups(model, weight_decay)`
     (`muon_param_groups` for Muon).
@@ -101,6 +103,7 @@ def build_optimizer(
             `OptimizerPlacement.host_update`): the update runs there with the host kernels.
         muon_lr: Muon's peak learning rate (`--muon-learning-rate`; None: `lr`), in AdamW's units.
         muon_momentum: Muon's Nesterov momentum (`--muon-momentum`).
+        muon_dtype: the dtype of Muon's Newton-Schulz steps: the run's compute precision (`orthogonalize`).
 
     Raises:
         UsageError: unknown `name`, negative `lr` or `weight_decay`, Muon with a placement it cannot run.
@@ -118,7 +121,7 @@ def build_optimizer(
             raise UsageError(f"--optimizer Muon cannot run with {' or '.join(placed)}: it updates whole matrices in "
                              "one process's memory; use --optimizer AdamW there")
         groups = muon_param_groups(model, weight_decay, lr if muon_lr is None else muon_lr)
-        return MuonAdamW(groups, lr=lr, momentum=muon_momentum, betas=betas, eps=eps,
+        return MuonAdamW(groups, lr=lr, momentum=muon_momentum, betas=betas, eps=eps, ns_dtype=muon_dtype,
                          fused=_can_fuse((p for g in groups for p in g["params"]), device_type))
     if name in ("AdamW", "Adam"):
         cls = torch.optim.AdamW if name == "AdamW" else torch.optim.Adam
@@ -191,36 +194,96 @@ def muon_param_groups(model: torch.nn.Module, weight_decay: float, muon_lr: floa
             {**decay, "params": rest, "muon": False}, {**no_decay, "muon": False}]
 
 
+MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+"""The quintic Newton-Schulz coefficients of Keller Jordan's Muon (torch.optim.Muon's defaults)."""
+
+
+def orthogonalize(updates: list[torch.Tensor], dtype: torch.dtype, steps: int = 5,
+                  coefficients: tuple[float, float, float] = MUON_COEFFICIENTS, eps: float = 1e-7
+                  ) -> list[torch.Tensor]:
+    """torch.optim.Muon's Newton-Schulz orthogonalization of each 2-D update, in `dtype`, batched.
+
+    The same iteration as torch's `_zeropower_via_newtonschulz` (each matrix transposed to be wide,
+    divided by its Frobenius norm, then `steps` quintic steps X <- aX + (bA + cA^2)X with A = XX^T),
+    with the matrices of one shape stacked into batched matmuls (the blocks' matrices share four
+    shapes: one product a shape instead of one a matrix). torch's runs in bf16 always; `dtype` is
+    the run's compute precision, because bf16 matmuls are emulated, and far slower, where the CPU
+    has no bf16 kernels (docs/benchmarks.md, Design measurements). Returns `dtype` tensors in the
+    updates' order and shapes.
+    """
+    a, b, c = coefficients
+    out: list[torch.Tensor] = [None] * len(updates)  # type: ignore[list-item]
+    by_shape: dict[tuple, list[int]] = defaultdict(list)
+    for i, u in enumerate(updates):
+        by_shape[(tuple(u.shape), u.device)].append(i)
+    for (shape, _), indices in by_shape.items():
+        x = torch.stack([updates[i] for i in indices]).to(dtype)  # (k, rows, cols)
+        tall = shape[0] > shape[1]
+        if tall:
+            x = x.mT  # (k, cols, rows): the Gram matrix below is the smaller one
+        x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)
+        for _ in range(steps):
+            gram = x @ x.mT  # (k, r, r), r = min(rows, cols)
+            x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        for j, i in enumerate(indices):
+            out[i] = x[j].mT if tall else x[j]
+    return out
+
+
 class MuonAdamW(torch.optim.Optimizer):
-    """One optimizer whose `"muon"` groups take `torch.optim.Muon`'s update and the others AdamW's.
+    """One optimizer whose `"muon"` groups take torch.optim.Muon's update and the others AdamW's.
+
+    Muon (torch.optim.Muon's algorithm and state names, so the update is torch's): per matrix W with
+    gradient G, momentum buffer M <- lerp(M, G, 1 - momentum); U = lerp(G, M, momentum) (Nesterov);
+    O = orthogonalize(U); W <- W (1 - lr wd) - lr 0.2 sqrt(max(rows, cols)) O. The last factor matches
+    O's RMS to AdamW's update (torch's `adjust_lr_fn="match_rms_adamw"`, Moonshot's), so a Muon group's
+    `lr` is in AdamW's units. The Newton-Schulz steps run in `ns_dtype` (see `orthogonalize`).
 
     The groups and the state are this optimizer's own (one `state_dict`, indexed over all groups in
-    order, so checkpoints, resuming and LR schedules work as for AdamW); the two torch optimizers inside
-    run their update over them. Muon's update has its RMS matched to AdamW's (`adjust_lr_fn=
-    "match_rms_adamw"`: lr x 0.2 x sqrt(max(rows, columns))), so a Muon group's `lr` is in AdamW's units;
-    its weight decay is decoupled, lr x weight_decay a step, as AdamW's.
+    order, so checkpoints, resuming and LR schedules work as for AdamW); a torch AdamW inside runs its
+    update over the other groups.
     """
 
     def __init__(self, groups: list[dict], lr: float, momentum: float, betas: tuple[float, float], eps: float,
-                 fused: bool):
-        self._muon = torch.optim.Muon([g for g in groups if g["muon"]], lr=lr, momentum=momentum,
-                                      adjust_lr_fn="match_rms_adamw")
+                 fused: bool, ns_dtype: torch.dtype = torch.bfloat16):
+        for g in groups:
+            if g["muon"]:
+                for key, value in (("lr", lr), ("momentum", momentum), ("nesterov", True), ("ns_steps", 5),
+                                   ("ns_coefficients", MUON_COEFFICIENTS), ("eps", 1e-7)):
+                    g.setdefault(key, value)
         impl = {"fused": True} if fused else {"foreach": True}
         self._adamw = torch.optim.AdamW([g for g in groups if not g["muon"]], lr=lr, betas=betas, eps=eps, **impl)
-        super().__init__(groups, {})  # the same group dicts, now holding each optimizer's defaults
+        super().__init__(groups, {})  # the same group dicts, the AdamW ones now holding AdamW's defaults
+        self.ns_dtype = ns_dtype
         self._share()
 
     def _share(self) -> None:
-        """Point the inner optimizers at this one's groups and state (again after a load replaced them)."""
-        for inner, muon in ((self._muon, True), (self._adamw, False)):
-            inner.param_groups = [g for g in self.param_groups if g["muon"] is muon]
-            inner.state = self.state
+        """Point the inner AdamW at this optimizer's groups and state (again after a load replaced them)."""
+        self._adamw.param_groups = [g for g in self.param_groups if not g["muon"]]
+        self._adamw.state = self.state
 
     @torch.no_grad()
     def step(self, closure=None):
         assert closure is None, "MuonAdamW does not take a closure"
-        self._muon.step()
+        for group in self.param_groups:
+            if group["muon"]:
+                self._muon_update(group)
         self._adamw.step()
+
+    def _muon_update(self, group: dict) -> None:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        grads = [p.grad for p in params]
+        buffers = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad)) for p in params]
+        torch._foreach_lerp_(buffers, grads, 1 - group["momentum"])
+        updates = torch._foreach_lerp(grads, buffers, group["momentum"]) if group["nesterov"] else buffers
+        lr = group["lr"]
+        if group["weight_decay"]:
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+        for p, o in zip(params, orthogonalize(updates, self.ns_dtype, group["ns_steps"], group["ns_coefficients"],
+                                              group["eps"])):
+            p.add_(o, alpha=-lr * 0.2 * math.sqrt(max(p.shape)))
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)

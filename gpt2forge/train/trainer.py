@@ -181,7 +181,7 @@ def _train(s: Setup) -> int:
     apply_memory_features(s.model, cfg.memory, s.device)
     strategy = _build_strategy(s, offload_to_host(cfg.memory, s.device))
     _print_stage_plan(s)
-    optimizer = _build_optimizer(cfg, strategy, s.device)
+    optimizer = _build_optimizer(cfg, strategy, s.device, s.precision)
     kfac = build_preconditioner(cfg.kfac, strategy)  # before the data: a layout it refuses stops here
     rt = cfg.runtime
     scaler = LossScaler(s.precision == "fp16", rt.initial_loss_scale if rt.auto_loss_scaling else rt.loss_scaling,
@@ -287,8 +287,10 @@ def _print_stage_plan(s: Setup) -> None:
     print_compute_balance(s.model.config, s.layout.layers_per_stage, cfg.arch.max_len)
 
 
-def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device) -> torch.optim.Optimizer:
-    """The optimizer over what this process trains, placed (offloaded, ZeRO-1 sharded) as the strategy says."""
+def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device, precision: str
+                     ) -> torch.optim.Optimizer:
+    """The optimizer over what this process trains, placed (offloaded, ZeRO-1 sharded) as the strategy says;
+    Muon's Newton-Schulz steps run in bf16 where the run computes in bf16, else in fp32."""
     optim = cfg.optim
     if optim.optimizer == "Muon" and (not strategy.whole_gradients or cfg.kfac.kfac):
         raise UsageError("--optimizer Muon runs on one process or DDP replicas without --kfac: it orthogonalizes "
@@ -299,7 +301,8 @@ def _build_optimizer(cfg: TrainConfig, strategy: Strategy, device: torch.device)
                            betas=(optim.adam_beta1, optim.adam_beta2), eps=optim.adam_eps,
                            device_type=device.type, offload=placement.offload, shard=placement.shard,
                            shard_group=placement.shard_group, host_update=placement.host_update,
-                           muon_lr=optim.muon_learning_rate, muon_momentum=optim.muon_momentum)
+                           muon_lr=optim.muon_learning_rate, muon_momentum=optim.muon_momentum,
+                           muon_dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
 
 
 def _loop(loop: Loop) -> tuple[float, float, int] | None:

@@ -16,7 +16,7 @@ from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.train import trainer
 from gpt2forge.train.config import TrainConfig
-from gpt2forge.train.optim import MuonAdamW, build_lr_schedule, build_optimizer
+from gpt2forge.train.optim import MuonAdamW, build_lr_schedule, build_optimizer, orthogonalize
 
 STEP_LINE = re.compile(r"^step (\d+) of epoch (\d+), loss: (\S+), acc: (\S+), lr: (\S+), ")
 
@@ -52,32 +52,81 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     assert all(n.endswith(("bias", "ln_1.weight", "ln_2.weight", "ln_f.weight")) for n in no_decay)
     assert [(g["muon"], g["lr"], g["weight_decay"]) for g in opt.param_groups] == [
         (True, 2e-2, 0.1), (False, 1e-3, 0.1), (False, 1e-3, 0.0)]
-    assert opt.param_groups[0]["adjust_lr_fn"] == "match_rms_adamw" and opt.param_groups[1]["fused"] is True
+    assert opt.param_groups[0]["nesterov"] is True and opt.param_groups[1]["fused"] is True
+
+
+def fixed_gradients(model: torch.nn.Module, step: int) -> None:
+    """Gradients that depend on the step only, so two models that drift apart still get the same ones."""
+    g = torch.Generator().manual_seed(step)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
 
 
 def test_the_update_is_torchs_muon_and_adamw_each_on_its_own_parameters():
-    """The oracle: torch.optim.Muon over the blocks' matrices and torch.optim.AdamW over the rest,
-    two separate optimizers on a copy of the model."""
+    """The oracle: torch.optim.Muon over the blocks' matrices and torch.optim.AdamW over the rest, two
+    separate optimizers on a copy of the model, fed the same gradients for four updates. AdamW's
+    parameters agree bit for bit; Muon's to bf16's rounding, which torch's Newton-Schulz steps run in
+    one matrix at a time and ours batched."""
     ours_model, oracle_model = tiny_model(), tiny_model()
     ours = build_optimizer(ours_model, "Muon", lr=3e-3, weight_decay=0.1, muon_lr=1e-2, muon_momentum=0.9,
-                           betas=(0.9, 0.95))
+                           betas=(0.9, 0.95), muon_dtype=torch.bfloat16)
     by_name = dict(oracle_model.named_parameters())
     names = {id(p): n for n, p in ours_model.named_parameters()}
     groups = [[by_name[names[id(p)]] for p in g["params"]] for g in ours.param_groups]
     adamw_groups = [{"params": groups[1], "weight_decay": 0.1}, {"params": groups[2], "weight_decay": 0.0}]
     oracle = [torch.optim.Muon(groups[0], lr=1e-2, weight_decay=0.1, momentum=0.9, adjust_lr_fn="match_rms_adamw"),
               torch.optim.AdamW(adamw_groups, lr=3e-3, betas=(0.9, 0.95), fused=True)]
-    for seed in range(4):
-        for opt in oracle:
-            opt.zero_grad()
-        lm_loss(oracle_model, seed).backward()
-        for opt in oracle:
+    start = {n: p.detach().clone() for n, p in ours_model.named_parameters()}
+    for step in range(4):
+        fixed_gradients(oracle_model, step)
+        fixed_gradients(ours_model, step)
+        for opt in (*oracle, ours):
             opt.step()
-    train(ours_model, ours, range(4))
+    muon_names = {names[id(p)] for p in ours.param_groups[0]["params"]}
     for name, p in ours_model.named_parameters():
-        torch.testing.assert_close(p, by_name[name], rtol=0, atol=0, msg=name)
-    c_fc = ours_model.transformer.h["0"].mlp.c_fc.weight
-    assert not torch.equal(c_fc, tiny_model().transformer.h["0"].mlp.c_fc.weight)  # the update did something
+        if name not in muon_names:
+            assert torch.equal(p, by_name[name]), name
+            continue
+        moved, oracle_moved = p - start[name], by_name[name] - start[name]
+        assert (moved - oracle_moved).norm() < 0.02 * oracle_moved.norm(), name
+
+
+def newton_schulz_fp32(g: torch.Tensor) -> torch.Tensor:
+    """torch's `_zeropower_via_newtonschulz` transcribed with fp32 in place of its bf16."""
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    x = g.T if g.size(0) > g.size(1) else g
+    x = x / x.norm().clamp(min=1e-7)
+    for _ in range(5):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if g.size(0) > g.size(1) else x
+
+
+def test_orthogonalize_batches_torchs_iteration_in_the_runs_precision():
+    from torch.optim._muon import _zeropower_via_newtonschulz as torchs
+
+    g = torch.Generator().manual_seed(0)
+    updates = [torch.randn(shape, generator=g) for shape in ((48, 16), (16, 16), (16, 64), (48, 16), (64, 16))]
+    fp32 = orthogonalize(updates, torch.float32)
+    bf16 = orthogonalize(updates, torch.bfloat16)
+    for u, ours32, ours16 in zip(updates, fp32, bf16):
+        assert ours32.dtype == torch.float32 and ours16.dtype == torch.bfloat16 and ours32.shape == u.shape
+        torch.testing.assert_close(ours32, newton_schulz_fp32(u), rtol=1e-5, atol=1e-5)
+        reference = torchs(u, (3.4445, -4.7750, 2.0315), 5, 1e-7)
+        assert (ours16.float() - reference.float()).norm() < 0.02 * reference.float().norm()
+        singular = torch.linalg.svdvals(ours32)
+        assert singular.min() > 0.3 and singular.max() < 1.3  # near-orthogonal: Muon's US'V^T, S' ~ [0.5, 1.2]
+
+
+def test_the_newton_schulz_steps_run_in_the_runs_precision():
+    cfg = TrainConfig.from_flat({"dataset": "generated", "optimizer": "Muon"})
+    model = tiny_model()
+    strategy = types.SimpleNamespace(whole_gradients=True,
+                                     optimizer_placement=lambda: types.SimpleNamespace(
+                                         module=model, offload=False, shard=False, shard_group=None,
+                                         host_update=False))
+    for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32), ("fp16", torch.float32)):
+        assert trainer._build_optimizer(cfg, strategy, torch.device("cpu"), precision).ns_dtype == dtype
 
 
 def test_state_dict_round_trip_continues_exactly_with_the_schedule():
@@ -130,7 +179,7 @@ def test_placements_muon_cannot_run_are_refused_by_name():
     for whole, kfac in ((False, False), (True, True)):  # pipeline stages or shards; K-FAC
         strategy = types.SimpleNamespace(whole_gradients=whole)
         with pytest.raises(UsageError, match="--optimizer Muon runs on one process or DDP replicas") as err:
-            trainer._build_optimizer(cfg.replace(kfac=kfac), strategy, torch.device("cpu"))
+            trainer._build_optimizer(cfg.replace(kfac=kfac), strategy, torch.device("cpu"), "fp32")
         assert "\n" not in str(err.value)
 
 
