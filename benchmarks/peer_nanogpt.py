@@ -38,21 +38,28 @@ costs what ours' evaluation does, plus its train-split pass) and `always_save_ch
 parent moves out/ckpt.pt aside after each save (once the next step's line shows the save is done) and,
 after the run, scores each checkpoint on the held-out windows with DIR/model.py's GPT class.
 
-What differs, besides the implementations: the training windows (ours: the shuffled windows of each
-document; nanoGPT: uniform random starts across documents), the initial draw (same distributions),
-ours' MLP non-linearity (the config's gelu_new, tanh) against nanoGPT's exact GELU, nanoGPT's warm-up
-(update i at (i + 1) / 21 of the peak, ours at i / 20), its evaluation at update 0 and the extra update
-its loop makes after the last evaluation (both in its wall time).
+What differs, besides the implementations: the optimizer where TRAIN_ARGS names another than AdamW (ours'
+`--optimizer Muon`: Muon for the blocks' matrices; nanoGPT: AdamW as it ships, at TRAIN_ARGS'
+--learning-rate unless `--nanogpt-flags=--learning_rate=X`, its own sweep), the training windows (ours: the
+shuffled windows of each document; nanoGPT: uniform random starts across documents), the initial draw
+(same distributions), ours' MLP non-linearity (the config's gelu_new, tanh) against nanoGPT's exact GELU,
+nanoGPT's evaluation at update 0 and the extra update its loop makes after the last evaluation (both in
+its wall time).
 
 Each run is its own process; the parent stamps every line with the time since the process started.
-Seeds alternate the arms (ours, nanogpt, nanogpt, ours, ...) so drifting load hits both. Prints per
-seed and as mean +- stdev over seeds: the held-out loss at each evaluation, the median step time, the
-first step's time (ours': torch.compile included), the wall time, and the wall time ours needs to reach
-nanoGPT's final held-out loss as a fraction of nanoGPT's wall time (target <= 0.8), per seed and for
-the means (ours' mean curve against nanoGPT's mean final loss and mean wall time).
+Seeds alternate the arms (ours, nanogpt, nanogpt, ours, ...) so drifting load hits both; `--arms ours` or
+`--arms nanogpt` runs one arm alone (a learning-rate sweep). Prints per seed and as mean +- stdev over
+seeds: the held-out loss at each evaluation, the median step time, the first step's time (ours':
+torch.compile included), the wall time; with both arms, ours minus nanoGPT paired by seed at each
+evaluation (mean, standard error, seeds where ours is lower; targets: at most 0 at every evaluation and
+at most -0.1 at the last) and the wall time ours needs to reach nanoGPT's final held-out loss as a
+fraction of nanoGPT's wall time (target <= 0.5), per seed and for the means (ours' mean curve against
+nanoGPT's mean final loss and mean wall time).
 
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT                  # 5 seeds, 300 updates
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --ours-flags "--windows random"
+    .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --arms nanogpt --seeds 0,1,2 \\
+        --nanogpt-flags=--learning_rate=3e-3 --json nanogpt_lr3e-3.json              # nanoGPT's LR sweep
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --steps 4 --warmup 1 --eval-every 2 \\
         --seeds 0 --val-num 8 --ours-flags "--torch-compile false" --wait-quiet 0      # smoke
 """
@@ -84,7 +91,8 @@ from gpt2forge.tools.machine_report import wait_for_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
-TARGET_WALL_RATIO = 0.8  # ours' wall time to nanoGPT's final loss / nanoGPT's wall time
+TARGET_WALL_RATIO = 0.5  # ours' wall time to nanoGPT's final loss / nanoGPT's wall time
+TARGET_FINAL_LEAD = -0.1  # ours minus nanoGPT, held-out loss at the last update (mean over seeds, paired)
 OURS_VALIDATION = re.compile(r"validation after step (\d+): loss ([0-9.]+)")
 NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([0-9.]+), val loss ([0-9.]+)")
 NANOGPT_ITER = re.compile(r"^iter (\d+): loss ([0-9.]+), time ([0-9.]+)ms")
@@ -124,6 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nanogpt-flags", default="", help="extra --key=value overrides for nanoGPT's train.py")
     p.add_argument("--wait-quiet", type=float, default=120.0,
                    help="seconds to wait for a 1-minute load below 0.5 before the first run (then warn)")
+    p.add_argument("--arms", default="ours,nanogpt", choices=("ours,nanogpt", "ours", "nanogpt"),
+                   help="which arms run (one arm alone: a learning-rate sweep of that arm, summarized alone)")
     p.add_argument("--json", default=None, help="write every run's numbers and the summary here")
     p.add_argument("--nanogpt-runs", default=None, metavar="JSON",
                    help="take the nanoGPT arm's runs from an earlier --json of this benchmark with the same seeds, "
@@ -373,18 +383,31 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Mean and stdev over seeds per arm, and ours' wall time to nanoGPT's final loss over nanoGPT's wall
-    time: per seed (None: not reached) and for the means (ours' mean curve: mean loss at mean time)."""
+    """Mean and stdev over seeds per arm that ran; with both arms, ours minus nanoGPT paired by seed at each
+    evaluation (mean, standard error, seeds where ours is lower) and ours' wall time to nanoGPT's final loss
+    over nanoGPT's wall time: per seed (None: not reached) and for the means (ours' mean curve: mean loss
+    at mean time)."""
     summary: dict = {"arms": {}}
     for arm in ("ours", "nanogpt"):
         mine = [r for r in runs if r["arm"] == arm]
+        if not mine:
+            continue
         steps = sorted({s for r in mine for s, _, _ in r["curve"]})
         summary["arms"][arm] = {
             "loss": {s: mean_std([loss for r in mine for step, loss, _ in r["curve"] if step == s]) for s in steps},
             "time": {s: statistics.mean(t for r in mine for step, _, t in r["curve"] if step == s) for s in steps},
             **{key: mean_std([r[key] for r in mine]) for key in ("step_s_median", "first_step_s", "wall_s")}}
+    if len(summary["arms"]) < 2:
+        return summary
     by = {(r["arm"], r["seed"]): r for r in runs}
     seeds = sorted({s for a, s in by if ("ours", s) in by and ("nanogpt", s) in by})
+    paired = {}
+    for step in summary["arms"]["ours"]["loss"]:
+        diffs = [dict((s, x) for s, x, _ in by["ours", seed]["curve"])[step]
+                 - dict((s, x) for s, x, _ in by["nanogpt", seed]["curve"])[step] for seed in seeds]
+        mean, std = mean_std(diffs)
+        paired[step] = {"mean": mean, "se": std / len(diffs) ** 0.5, "lower": sum(d < 0 for d in diffs),
+                        "n": len(diffs)}
     ratios = {}
     for s in seeds:
         t = time_to(by["ours", s]["curve"], by["nanogpt", s]["curve"][-1][1])
@@ -392,7 +415,7 @@ def summarize(runs: list[dict]) -> dict:
     ours, peer = summary["arms"]["ours"], summary["arms"]["nanogpt"]
     final = peer["loss"][max(peer["loss"])][0]
     t = time_to([(s, ours["loss"][s][0], ours["time"][s]) for s in sorted(ours["loss"])], final)
-    summary.update(wall_ratios=ratios, mean_wall_ratio=None if t is None else t / peer["wall_s"][0])
+    summary.update(paired=paired, wall_ratios=ratios, mean_wall_ratio=None if t is None else t / peer["wall_s"][0])
     return summary
 
 
@@ -405,14 +428,24 @@ def verdict(ratio: float | None, what: str) -> str:
 
 def report(summary: dict, seeds: list[int]) -> None:
     arms = summary["arms"]
-    print(f"\nmean +- stdev over seeds {seeds}{'':10s}{'ours':>20s}{'nanogpt':>20s}")
-    rows = [(f"held-out loss at {s}", "loss", s, "{:.4f}") for s in sorted(arms["ours"]["loss"])]
+    names = [a for a in ("ours", "nanogpt") if a in arms]
+    print(f"\nmean +- stdev over seeds {seeds}{'':10s}" + "".join(f"{a:>20s}" for a in names))
+    steps = sorted({s for a in names for s in arms[a]["loss"]})
+    rows = [(f"held-out loss at {s}", "loss", s, "{:.4f}") for s in steps]
     rows += [("step s (median)", "step_s_median", None, "{:.3f}"), ("first step s", "first_step_s", None, "{:.2f}"),
              ("wall s", "wall_s", None, "{:.1f}")]
     for name, key, step, fmt in rows:
-        cells = [arms[a][key].get(step) if step is not None else arms[a][key] for a in ("ours", "nanogpt")]
+        cells = [arms[a][key].get(step) if step is not None else arms[a][key] for a in names]
         print(f"{name:40s}" + "".join(f"{fmt.format(c[0]) + ' +- ' + fmt.format(c[1]):>20s}" if c else f"{'':20s}"
                                       for c in cells))
+    if "paired" not in summary:
+        return
+    last = max(summary["paired"])
+    for step, d in sorted(summary["paired"].items()):
+        target = (f"target <= {TARGET_FINAL_LEAD}: {'met' if d['mean'] <= TARGET_FINAL_LEAD else 'MISSED'}"
+                  if step == last else f"target <= 0: {'met' if d['mean'] <= 0 else 'MISSED'}")
+        print(f"ours minus nanoGPT at {step}, paired over {d['n']} seeds: {d['mean']:+.4f} (SE {d['se']:.4f}; "
+              f"ours lower in {d['lower']} of {d['n']}; {target})")
     for s, ratio in summary["wall_ratios"].items():
         print(f"seed {s}: ours reaches nanoGPT's final held-out loss {verdict(ratio, 'its wall time')}")
     print(f"mean over seeds: ours reaches nanoGPT's mean final held-out loss "
@@ -440,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for k, seed in enumerate(seeds):
             for arm in ("ours", "nanogpt") if k % 2 == 0 else ("nanogpt", "ours"):  # load drift hits both
+                if arm not in args.arms.split(","):
+                    continue
                 if arm == "nanogpt" and reused:
                     runs.append(reused[seed])
                     print_run(reused[seed], f" [from {args.nanogpt_runs}]")

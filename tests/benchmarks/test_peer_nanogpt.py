@@ -49,11 +49,28 @@ def test_summary_ratios_are_ours_time_to_the_peer_final_loss_over_its_wall_time(
     assert summary["arms"]["nanogpt"]["step_s_median"] == (1.0, 0.0)
     # mean curve: ours 6.1 at 10 s, 5.4 at 25 s; nanoGPT's mean final 5.5: at 10 + 15 * 0.6 / 0.7 s of 100
     assert summary["mean_wall_ratio"] == pytest.approx((10 + 15 * 0.6 / 0.7) / 100)
+    # paired by seed: at 2, -0.5 and +0.3; at 1, 0.0 and +0.2
+    assert summary["paired"][2] == pytest.approx({"mean": -0.1, "se": 0.4, "lower": 1, "n": 2})
+    assert summary["paired"][1] == pytest.approx({"mean": 0.1, "se": 0.1, "lower": 0, "n": 2})
     bench.report(summary, [0, 1])
     out = capsys.readouterr().out
-    assert "seed 0: ours reaches nanoGPT's final held-out loss in 0.15x its wall time (target <= 0.8): met" in out
+    assert "seed 0: ours reaches nanoGPT's final held-out loss in 0.15x its wall time (target <= 0.5): met" in out
     assert "seed 1: ours reaches nanoGPT's final held-out loss not within the run: MISSED" in out
     assert re.search(r"held-out loss at 2 +5\.4000 \+- 0\.5657 +5\.5000 \+- 0\.0000", out)
+    assert ("ours minus nanoGPT at 1, paired over 2 seeds: +0.1000 (SE 0.1000; ours lower in 0 of 2; target <= 0: "
+            "MISSED)") in out
+    assert ("ours minus nanoGPT at 2, paired over 2 seeds: -0.1000 (SE 0.4000; ours lower in 1 of 2; target <= -0.1: "
+            "met)") in out
+
+
+def test_one_arm_alone_is_summarized_alone(bench, capsys):
+    runs = [run_record("nanogpt", seed, [(1, 6.0 + seed, 50.0), (2, 5.5 + seed, 100.0)], 100.0) for seed in (0, 1)]
+    summary = bench.summarize(runs)
+    assert set(summary["arms"]) == {"nanogpt"} and "paired" not in summary
+    assert summary["arms"]["nanogpt"]["loss"][2] == pytest.approx((6.0, 0.707107), rel=1e-5)
+    bench.report(summary, [0, 1])
+    out = capsys.readouterr().out
+    assert re.search(r"held-out loss at 2 +6\.0000 \+- 0\.7071\n", out) and "reaches" not in out
 
 
 def test_seed_offset_file_makes_train_py_draw_1337_plus_the_seed_once(bench):
