@@ -2,7 +2,7 @@
 CPU for their arguments and control flow (tests/*/test_cuda_branches_*.py).
 
 The `fake_cuda` fixture makes `torch.cuda` answer as a machine with GPUs would (names, memory,
-compute capability, bf16 support, random states, peak memory), keeps the `torch.backends` matmul
+compute capability, bf16 support by torch's rule, random states, peak memory), keeps the `torch.backends` matmul
 flags in a namespace of its own, and records every call in `fake_cuda.calls`, a list of
 `(name, args, kwargs)`:
 
@@ -10,7 +10,7 @@ flags in a namespace of its own, and records every call in `fake_cuda.calls`, a 
         synchronize(torch.device("cuda", 1))
         assert fake_cuda.called("synchronize") == [((torch.device("cuda", 1),), {})]
 
-What it answers is its attributes (`names`, `total_memory`, `free_memory`, `bf16`, ...), read at
+What it answers is its attributes (`names`, `total_memory`, `free_memory`, `capability`, ...), read at
 each call, so a test sets them before the code under test runs. `torch.distributed.init_process_group`
 is recorded too; with `real_group = True` it then forms a real gloo group of one process (an
 in-process store) for code that goes on to use it, destroyed after the test.
@@ -93,8 +93,9 @@ class FakeCuda:
         self.capability: tuple[int, int] | list[tuple[int, int]] = (9, 0)
         """The compute capability of every GPU, or a list of one per GPU."""
         self.multi_processor_count = 132
-        self.bf16 = True
-        """is_bf16_supported()."""
+        self.bf16_tensors = True
+        """Whether a bf16 tensor can be made on the GPUs (torch's probe behind is_bf16_supported's
+        emulation answer): true on every GPU a CUDA build of torch runs on."""
         self.arch_list = ["sm_80", "sm_86", "sm_90"]
         """get_arch_list(): the architectures torch was built for."""
         self.current = 0
@@ -143,6 +144,14 @@ class FakeCuda:
         return types.SimpleNamespace(name=self.names[i], total_memory=self.total_memory, major=major, minor=minor,
                                      multi_processor_count=self.multi_processor_count)
 
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        """torch.cuda.is_bf16_supported's rule (torch/cuda/__init__.py): the current GPU at compute
+        capability 8.0 or newer has bf16; an older one has it only `including_emulation` (the
+        default), when a bf16 tensor can be made there, which on a V100 or T4 it can."""
+        if self.capability_of(self.current)[0] >= 8:
+            return True
+        return including_emulation and self.bf16_tensors
+
     def set_device(self, device) -> None:
         self.current = self.index(device, optional=False)
 
@@ -180,7 +189,7 @@ class FakeCuda:
             "get_device_properties": self.properties,
             "get_device_capability": lambda device=None: self.capability_of(self.index(device)),
             "get_arch_list": lambda: list(self.arch_list),
-            "is_bf16_supported": lambda including_emulation=True: self.bf16,
+            "is_bf16_supported": self.is_bf16_supported,
             "synchronize": per_device(lambda: None),
             "max_memory_allocated": per_device(lambda: self.peak),
             "reset_peak_memory_stats": per_device(lambda: None),
@@ -219,7 +228,7 @@ class FakeCuda:
 
 @pytest.fixture()
 def fake_cuda(monkeypatch):
-    """A FakeCuda installed for the test: one H100 (80 GiB, sm 9.0, bf16), its calls recorded."""
+    """A FakeCuda installed for the test: one H100 (80 GiB, sm 9.0, native bf16), its calls recorded."""
     initialized = dist.is_available() and dist.is_initialized()
     fake = FakeCuda()
     fake.install(monkeypatch)

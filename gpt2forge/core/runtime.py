@@ -107,24 +107,47 @@ def cpu_half_matmul_is_emulated(precision: str) -> bool:
         return False  # a torch without the query: assume native
 
 
+def gpu_has_native_bf16() -> bool:
+    """Whether the current GPU computes in bf16 natively (compute capability 8.0 or newer).
+    `torch.cuda.is_bf16_supported()` counts emulation by default: on a V100 or T4 (7.x), where a
+    bf16 tensor can be made but every bf16 matmul is emulated, it says True."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def resolve_precision(name: str, device: torch.device) -> str:
-    """--precision auto -> bf16 on CUDA GPUs that support it; on a CPU whichever of bf16 and fp32 a
-    probe measured faster here (gpt2forge.core.precision), said in one line; else fp32. Warns
-    (once, here) when a CPU would emulate the requested bf16/fp16 matmuls."""
+    """--precision auto -> on a CUDA GPU bf16 where it is native, else fp16 (the trainer scales its loss
+    dynamically: `build_loss_scaler`); on a CPU whichever of bf16 and fp32 a probe measured faster
+    here (gpt2forge.core.precision); else fp32; the choice said in one line. Refuses bf16 on a GPU
+    without native bf16, and warns (once, here) when a CPU would emulate bf16/fp16 matmuls."""
     if name != "auto":
-        if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise UsageError("--precision bf16: this GPU has no bf16 support; use --precision fp16")
+        if name == "bf16" and device.type == "cuda" and not gpu_has_native_bf16():
+            raise UsageError(f"--precision bf16: {_gpu_name(device)} has no native bf16 (compute capability "
+                             f"{_capability(device)}, bf16 needs 8.0 or newer) and would emulate every bf16 "
+                             "matmul; use --precision fp16 (or auto: fp16 with dynamic loss scaling)")
         if device.type == "cpu" and cpu_half_matmul_is_emulated(name):
             log.notice(f"--precision {name}: this CPU has no {name} matmul kernels, so its {name} matmuls are "
                        "emulated, far slower than fp32 (~100x on an AVX2-only CPU); --precision fp32 runs faster")
         return name
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16"
+    if device.type == "cuda":
+        if gpu_has_native_bf16():
+            return "bf16"
+        log.info(f"Precision: fp16 (--precision auto: {_gpu_name(device)}, compute capability {_capability(device)}, "
+                 "has fp16 tensor cores and no native bf16; training scales the loss dynamically)")
+        return "fp16"
     if device.type == "cpu":
         choice, why = cpu_auto_precision(cpu_half_matmul_is_emulated("bf16"))
         log.info(f"Precision: {choice} (--precision auto: {why})")
         return choice
     return "fp32"
+
+
+def _gpu_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(with_index(device))
+
+
+def _capability(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(with_index(device))
+    return f"{major}.{minor}"
 
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -254,6 +277,27 @@ class LossScaler:
     def load_state_dict(self, state: dict) -> None:
         self.scale, self.good_steps, self.skipped = state["scale"], state["good_steps"], state["skipped"]
         self.hysteresis_left = state.get("hysteresis_left", self.hysteresis)  # absent before it existed
+
+
+AUTO_FP16_INITIAL_SCALE = 2.0**16
+"""The first loss scale where --precision auto chose fp16: torch.amp.GradScaler's (the reference's
+--auto-loss-scaling starts at 1.0, which leaves small fp16 gradients to underflow for the thousands
+of updates the scale takes to grow)."""
+
+
+def build_loss_scaler(rt, precision: str) -> LossScaler:
+    """The run's LossScaler from its RuntimeArgs `rt` (gpt2forge.train.config) and resolved `precision`:
+    enabled for fp16 only; dynamic from --initial-loss-scale with --auto-loss-scaling, else static at
+    --loss-scaling, except where --precision auto chose fp16 (a GPU without native bf16), which is
+    dynamic from AUTO_FP16_INITIAL_SCALE: a run that did not ask for fp16 gets a scale that follows
+    its gradients."""
+    auto_fp16 = precision == "fp16" and rt.precision == "auto"
+    if rt.auto_loss_scaling:
+        init = rt.initial_loss_scale
+    else:
+        init = AUTO_FP16_INITIAL_SCALE if auto_fp16 else rt.loss_scaling
+    return LossScaler(precision == "fp16", init, rt.auto_loss_scaling or auto_fp16, rt.loss_scale_window,
+                      rt.min_loss_scale, rt.loss_scale_hysteresis)
 
 
 def synchronize(device: torch.device) -> float:

@@ -21,6 +21,7 @@ from gpt2forge.core.errors import RunError, UsageError
 from gpt2forge.core.runtime import (
     LossScaler,
     autocast_dtype,
+    build_loss_scaler,
     configure_host_allocator,
     configure_matmul,
     deterministic_algorithms,
@@ -183,9 +184,7 @@ def _train(s: Setup) -> int:
     _print_stage_plan(s)
     optimizer = _build_optimizer(cfg, strategy, s.device, s.precision)
     kfac = build_preconditioner(cfg.kfac, strategy)  # before the data: a layout it refuses stops here
-    rt = cfg.runtime
-    scaler = LossScaler(s.precision == "fp16", rt.initial_loss_scale if rt.auto_loss_scaling else rt.loss_scaling,
-                        rt.auto_loss_scaling, rt.loss_scale_window, rt.min_loss_scale, rt.loss_scale_hysteresis)
+    scaler = build_loss_scaler(cfg.runtime, s.precision)
     if cfg.runtime.compile_only:
         return _compile_only(cfg, strategy, optimizer, scaler, s.device, s.precision)
     loop = _loop_over_data(s, strategy, optimizer, scaler, kfac)

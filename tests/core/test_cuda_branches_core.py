@@ -1,7 +1,9 @@
 """The CUDA-only branches of gpt2forge.core.runtime, run on the CPU under the fake CUDA runtime
-(tests/fake_cuda.py): device names, matmul flags, precision, determinism, synchronisation, memory."""
+(tests/fake_cuda.py): device names, matmul flags, precision and its loss scaler, determinism,
+synchronisation, memory."""
 
 import os
+import types
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.core.runtime import (
     GiB,
     available_device_memory,
+    build_loss_scaler,
     compile_enabled,
     configure_matmul,
     deterministic_algorithms,
@@ -56,14 +59,58 @@ def test_matmul_flags_are_left_alone_on_the_cpu(fake_cuda, capsys):
     assert "--enable-half-partials has no equivalent on CPU" in capsys.readouterr().err
 
 
-def test_precision_auto_is_bf16_where_the_gpu_has_it(fake_cuda):
+def test_precision_auto_is_bf16_where_the_gpu_has_it_natively(fake_cuda):
     assert resolve_precision("auto", CUDA0) == "bf16"
+    assert resolve_precision("bf16", CUDA0) == "bf16"
     assert resolve_precision("fp16", CUDA0) == "fp16"
-    fake_cuda.bf16 = False  # a V100
-    assert resolve_precision("auto", CUDA0) == "fp32"
+    fake_cuda.capability = (8, 0)  # an A100: the first with native bf16
+    assert resolve_precision("auto", CUDA0) == "bf16"
+
+
+@pytest.mark.parametrize("name, capability", [("Tesla V100-SXM2-16GB", (7, 0)), ("Tesla T4", (7, 5))])
+def test_a_gpu_that_would_emulate_bf16_runs_fp16_and_refuses_bf16(fake_cuda, capsys, name, capability):
+    fake_cuda.names, fake_cuda.capability = [name], capability
+    assert torch.cuda.is_bf16_supported()  # torch's default counts emulation: what the old check asked
+    assert resolve_precision("auto", CUDA0) == "fp16"
+    assert (f"Precision: fp16 (--precision auto: {name}, compute capability {capability[0]}.{capability[1]}, has "
+            "fp16 tensor cores and no native bf16; training scales the loss dynamically)") in capsys.readouterr().out
     assert resolve_precision("fp16", CUDA0) == "fp16"
-    with pytest.raises(UsageError, match="--precision bf16: this GPU has no bf16 support"):
+    assert resolve_precision("fp32", CUDA0) == "fp32"
+    with pytest.raises(UsageError) as refused:
         resolve_precision("bf16", CUDA0)
+    assert str(refused.value) == (
+        f"--precision bf16: {name} has no native bf16 (compute capability {capability[0]}.{capability[1]}, bf16 "
+        "needs 8.0 or newer) and would emulate every bf16 matmul; use --precision fp16 (or auto: fp16 with dynamic "
+        "loss scaling)")
+
+
+def test_the_bf16_question_is_asked_of_the_current_gpu(fake_cuda):
+    fake_cuda.names = ["Tesla V100-SXM2-16GB", "NVIDIA A100-SXM4-80GB"]
+    fake_cuda.capability = [(7, 0), (8, 0)]
+    fake_cuda.current = 1  # the run's torch.cuda.set_device(cuda:1) ran first
+    assert resolve_precision("auto", CUDA1) == "bf16"
+    fake_cuda.current = 0
+    assert resolve_precision("auto", CUDA0) == "fp16"
+
+
+def _runtime_args(precision: str, **flags) -> types.SimpleNamespace:
+    """RuntimeArgs' loss-scaling fields at their defaults (gpt2forge.train.config), `flags` over them."""
+    defaults = {"precision": precision, "loss_scaling": 50000.0, "auto_loss_scaling": False, "initial_loss_scale": 1.0,
+                "loss_scale_window": 2000, "min_loss_scale": 1.0, "loss_scale_hysteresis": 1}
+    return types.SimpleNamespace(**(defaults | flags))
+
+
+def test_fp16_chosen_by_auto_scales_its_loss_dynamically(fake_cuda):
+    fake_cuda.capability = (7, 0)
+    rt = _runtime_args("auto")
+    scaler = build_loss_scaler(rt, resolve_precision(rt.precision, CUDA0))
+    assert scaler.enabled and scaler.dynamic and scaler.scale == 2.0**16
+    # fp16 asked for keeps the flags' meaning: static at --loss-scaling unless --auto-loss-scaling
+    asked = build_loss_scaler(_runtime_args("fp16"), "fp16")
+    assert asked.enabled and not asked.dynamic and asked.scale == 50000.0
+    dynamic = build_loss_scaler(_runtime_args("auto", auto_loss_scaling=True, initial_loss_scale=4.0), "fp16")
+    assert dynamic.dynamic and dynamic.scale == 4.0
+    assert not build_loss_scaler(_runtime_args("auto"), "bf16").enabled
 
 
 def test_deterministic_cuda_sets_the_cublas_workspace_and_only_warns(fake_cuda, monkeypatch):

@@ -70,13 +70,14 @@ def test_the_profiler_records_cuda_and_sorts_by_device_time(fake_cuda, monkeypat
 
 def test_the_machine_report_lists_each_gpu(fake_cuda):
     fake_cuda.names = ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
-    fake_cuda.bf16 = False  # as a V100 would say
+    fake_cuda.bf16_tensors = False  # no bf16 at all, not even emulated (compute capability 8.0+ always has it)
+    fake_cuda.capability = (7, 0)
     env = machine_report.environment()
-    gpu = {"name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 80.0}
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "capability": "7.0", "memory_gib": 80.0}
     assert env["devices"]["cuda"] == [gpu, {**gpu, "name": "NVIDIA H200"}]
     assert env["devices"]["cuda_runtime"] == "12.8"
     fast = env["fast_paths"]
     assert fast["bf16 on this GPU"] is False and fast["torch.compile (inductor)"] == "yes"
     assert {"SDPA flash", "SDPA memory-efficient"} <= set(fast)
-    assert ("cuda: NVIDIA H100 80GB HBM3 (sm 9.0, 80.0 GiB); NVIDIA H200 (sm 9.0, 80.0 GiB) (CUDA runtime 12.8)"
+    assert ("cuda: NVIDIA H100 80GB HBM3 (sm 7.0, 80.0 GiB); NVIDIA H200 (sm 7.0, 80.0 GiB) (CUDA runtime 12.8)"
             in machine_report.format_report(env))
