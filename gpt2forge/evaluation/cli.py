@@ -22,7 +22,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.digest import file_sha256
-from gpt2forge.core.errors import UsageError, cli_main
+from gpt2forge.core.errors import UsageError, cli_main, naming_gpu_failures
 from gpt2forge.core.flags import str_to_bool
 from gpt2forge.core.runtime import configure_matmul, resolve_device, resolve_precision
 from gpt2forge.evaluation.data import data_format, load_stream, read_json_lines, read_text
@@ -159,6 +159,18 @@ class Session:
             "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
         }
 
+    def naming_gpu_failures(self):
+        """The one place an evaluation's GPU failure (out of memory, a GPU gone) becomes one line and
+        exit code 2: around all of its scoring (errors.naming_gpu_failures)."""
+        a = self.args
+        doing = (f"evaluation of {a.checkpoint} ({self.model.config.num_params() / 1e6:.1f}M parameters, "
+                 f"{self.precision}) in batches of {a.batch_size} x {self.seq_len:,} tokens")
+        fixes = [f"a smaller --batch-size (now {a.batch_size})", "a shorter --seq-length"]
+        if self.precision == "fp32":
+            fixes.append("--precision bf16 (or fp16 where the GPU has no bf16)")
+        return naming_gpu_failures(self.device, lambda: doing, "try " + ", ".join(fixes),
+                                   "nothing is lost: --output-json is written only when the evaluation completes")
+
     def finish(self, summary: str, record: dict) -> None:
         log.info(summary)
         if self.args.output_json:
@@ -170,6 +182,12 @@ class Session:
 def wiki_main(argv: Sequence[str] | None = None) -> int:
     args = wiki_parser().parse_args(argv)
     s = Session(args, "wiki")
+    with s.naming_gpu_failures():
+        return _wiki(s, args)
+
+
+def _wiki(s: Session, args: argparse.Namespace) -> int:
+    """WikiText perplexity: the stream protocol (Megatron's) or lm-eval's."""
     stride = args.overlapping_eval or s.seq_len
     if args.max_windows is not None and args.max_windows < 1:
         raise UsageError(f"--max-windows must be >= 1 (got {args.max_windows})")
@@ -228,6 +246,12 @@ def _wiki_lm_eval(s: Session, fmt: str) -> int:
 def lambada_main(argv: Sequence[str] | None = None) -> int:
     args = lambada_parser().parse_args(argv)
     s = Session(args, "lambada")
+    with s.naming_gpu_failures():
+        return _lambada(s, args)
+
+
+def _lambada(s: Session, args: argparse.Namespace) -> int:
+    """LAMBADA cloze accuracy."""
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples must be >= 1 (got {args.max_examples})")
     path = Path(s.data_path)

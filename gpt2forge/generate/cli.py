@@ -20,7 +20,7 @@ from typing import TextIO
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import UsageError, collect
+from gpt2forge.core.errors import UsageError, collect, naming_gpu_failures
 from gpt2forge.core.flags import str_to_bool
 from gpt2forge.core.runtime import GiB, available_device_memory, cpu_half_matmul_is_emulated, resolve_device
 from gpt2forge.generate import gemv
@@ -115,8 +115,7 @@ def check_cache_fits(model, batch_size: int, length: int, device: torch.device) 
 class Session:
     """A loaded model, its tokenizer and a Generator, plus what every mode needs around them."""
 
-    def __init__(self, args: argparse.Namespace, sampling: SamplingConfig):
-        device = resolve_device(args.device)
+    def __init__(self, args: argparse.Namespace, sampling: SamplingConfig, device: torch.device):
         model, self.tok = load_pretrained(args.model_name_or_path, device, args.tokenizer_type)
         print(f"Loaded {resolve_model_dir(args.model_name_or_path)} ({model.config.num_params() / 1e6:.1f}M "
               f"parameters, {self.tok.name} tokenizer, device {device})", file=sys.stderr)
@@ -284,14 +283,33 @@ def _interactive(session: Session) -> None:
 def run_generate(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     sampling = _validate(args)
-    session = Session(args, sampling)
-    try:
-        if args.prompt_file is not None:
-            _prompt_file(session, args.prompt_file)
-        elif args.prompt is not None:
-            _one(session, args.prompt)
-        else:
-            _interactive(session)
-    finally:
-        session.close()
+    device = resolve_device(args.device)
+    with _naming_gpu_failures(args, device):
+        session = Session(args, sampling, device)
+        try:
+            if args.prompt_file is not None:
+                _prompt_file(session, args.prompt_file)
+            elif args.prompt is not None:
+                _one(session, args.prompt)
+            else:
+                _interactive(session)
+        finally:
+            session.close()
     return 0
+
+
+def _naming_gpu_failures(args: argparse.Namespace, device: torch.device):
+    """The one place a generation's GPU failure (out of memory, a GPU gone) becomes one line and exit
+    code 2: around loading, warm-up and every prompt (errors.naming_gpu_failures)."""
+    precision = "fp16" if args.fp16 else "bf16" if args.bf16 else "fp32"
+
+    def doing() -> str:  # called at the failure: the session may have shortened the lengths to the model's
+        return (f"generation with {args.model_name_or_path} ({precision}) for {args.batch_size} row(s) of up to "
+                f"{args.input_len} + {args.output_len} tokens")
+
+    fixes = ["a smaller --batch-size", "a shorter --output-len or --input-len"]
+    if precision == "fp32":
+        fixes.append("--bf16 or --fp16 (half the weights and KV cache)")
+    saved = f"; the samples already in {args.save_samples_path}/samples.txt are kept" if args.save_samples_path else ""
+    return naming_gpu_failures(device, doing, "try " + ", ".join(fixes),
+                               f"the completions printed so far are complete{saved}")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.runtime import with_index
-from gpt2forge.parallel.health import preflight
+from gpt2forge.parallel.health import backend_failure_hint, first_words, preflight
 
 TIMEOUT = datetime.timedelta(minutes=float(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
 """Collective timeout: a rank that died makes the others fail after this, never hang forever
@@ -85,7 +85,8 @@ def check_world(env: DistEnv, replication_factor: int, stages: int = 1, tensor_p
 
 
 def init_process_group(env: DistEnv, device: torch.device) -> None:
-    """Join the process group (NCCL on CUDA, gloo otherwise) with a finite timeout."""
+    """Join the process group (NCCL on CUDA, gloo otherwise) with a finite timeout, then `preflight` it;
+    a backend that cannot connect is one line (UsageError) naming its words and the fix."""
     if not env.enabled or dist.is_initialized():
         return
     # On GPUs NCCL moves CUDA tensors and gloo the CPU ones (FSDP2's CPU-offloaded gradient norm,
@@ -95,11 +96,16 @@ def init_process_group(env: DistEnv, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     device_id = device if device.type == "cuda" else None
-    if (store := _store_of_this_attempt()) is not None:
-        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=TIMEOUT,
-                                device_id=device_id)
-    else:
-        dist.init_process_group(backend, timeout=TIMEOUT, device_id=device_id)
+    try:
+        if (store := _store_of_this_attempt()) is not None:
+            dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size, timeout=TIMEOUT,
+                                    device_id=device_id)
+        else:
+            dist.init_process_group(backend, timeout=TIMEOUT, device_id=device_id)
+    except dist.DistBackendError as exc:  # NCCL connects its communicator here (device_id: eagerly)
+        said = first_words(exc)
+        raise UsageError(f"joining the process group over {backend} failed ({said}); "
+                         f"{backend_failure_hint(said, backend)}") from None
     log.info(f"Distributed: {env.world_size} processes, backend {backend}")
     preflight(device)
 

@@ -3,9 +3,11 @@ for work that rank 0 does alone.
 
 - `preflight`: right after the process group forms, every rank passes a monitored barrier (gloo;
   rank 0 names the ranks that did not arrive) and one all-reduce on the job's own backend
-  (NCCL on GPUs), each with a short timeout. A cluster whose ranks meet but cannot move data
-  (the classic multi-node NCCL transport problem) fails here in seconds with a hint, not after
-  the first step's collective times out.
+  (NCCL on GPUs), awaited in a thread with a timeout of its own (GPT2FORGE_PREFLIGHT_PROBE_S,
+  30 s), not NCCL's watchdog's. A cluster whose ranks meet but cannot move data (the classic
+  multi-node NCCL transport problem) fails here in seconds with the backend's words and what they
+  mean (`backend_failure_hint`, NCCL's messages and gloo's), not after the first step's
+  collective times out.
 - `Watchdog`: training must make progress (a micro-batch, a pipeline stage's forward) within
   `GPT2FORGE_HANG_TIMEOUT_MIN` minutes (default 15); otherwise this rank prints which rank and
   what it was doing, dumps the Python stacks of all its threads and exits 1, so torchrun ends the
@@ -40,6 +42,9 @@ from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 
 PREFLIGHT_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("GPT2FORGE_PREFLIGHT_TIMEOUT_S", "120")))
+PROBE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("GPT2FORGE_PREFLIGHT_PROBE_S", "30")))
+"""How long the preflight's all-reduce may take once every rank is at the barrier: NCCL connects on
+it (or fails to), which takes seconds, where its own watchdog would wait the collective timeout."""
 HANG_TIMEOUT_S = 60 * float(os.environ.get("GPT2FORGE_HANG_TIMEOUT_MIN", "15"))
 RANK0_TIMEOUT = datetime.timedelta(hours=float(os.environ.get("GPT2FORGE_RANK0_TIMEOUT_H", "6")))
 
@@ -48,9 +53,12 @@ _nodes: list[tuple[str, str]] = []  # rank -> (host name, address), gathered by 
 CHECK_IN_S = 5.0  # how long the ranks left after a collective timeout wait for each other at the store
 
 
-def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIMEOUT) -> None:
-    """Check that every rank is here and that the backend moves data; a collective of all ranks.
-    Raises UsageError (one line, naming the missing ranks or the backend) on failure."""
+def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIMEOUT,
+              probe_timeout: datetime.timedelta = PROBE_TIMEOUT) -> None:
+    """Check that every rank is here (within `timeout`) and that the backend moves data (one all-reduce
+    awaited at most `probe_timeout`, whatever the backend's own watchdog would wait); a collective of
+    all ranks. Raises UsageError (one line, naming the missing ranks, or the backend's words and what
+    they mean) on failure."""
     t0 = time.perf_counter()
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = dist.get_backend()
@@ -62,22 +70,100 @@ def preflight(device: torch.device, timeout: datetime.timedelta = PREFLIGHT_TIME
                          f"{timeout.total_seconds():.0f} s ({detail}); check that every node was started with the "
                          "same NNODES / MASTER_ADDR and that no rank is stuck (GPT2FORGE_PREFLIGHT_TIMEOUT_S "
                          "sets the limit)") from None
-    probe = torch.ones(1, device=device)
-    work = dist.all_reduce(probe, async_op=True)
-    try:
-        ok = work.wait(timeout) and float(probe.item()) == world
-    except RuntimeError:
-        ok = False
+    ok, said = _probe_all_reduce(device, world, probe_timeout)
     if not ok:
-        hint = ("NCCL cannot move data between these ranks: set NCCL_DEBUG=INFO to see the transport, and "
-                "try NCCL_SOCKET_IFNAME=<interface> or NCCL_IB_DISABLE=1") if "nccl" in backend else \
-            "check the network between the nodes"
         raise UsageError(f"preflight on rank {rank}: the ranks met, but an all-reduce over {backend} did not "
-                         f"complete correctly within {timeout.total_seconds():.0f} s; {hint}")
+                         f"complete correctly within {probe_timeout.total_seconds():g} s ({said}); "
+                         f"{backend_failure_hint(said, backend)} (GPT2FORGE_PREFLIGHT_PROBE_S sets the limit)")
     _nodes[:] = [None] * world
     dist.all_gather_object(_nodes, _this_node(), group=gloo)
     log.info(f"Preflight: {world} ranks passed a barrier and an all-reduce over {backend} in "
              f"{time.perf_counter() - t0:.2f} s")
+
+
+def _probe_all_reduce(device: torch.device, world: int, timeout: datetime.timedelta) -> tuple[bool, str]:
+    """(whether an all-reduce of ones over the default group summed to `world` within `timeout`, what
+    failed). It runs in a thread of its own: a NCCL link that never connects blocks the caller until
+    NCCL's watchdog gives up (the collective timeout, 10 minutes), and a stuck thread cannot hold
+    up the exit (a daemon; the entry point leaves with os._exit under torchrun)."""
+    done: dict[str, object] = {}
+
+    def probe() -> None:
+        try:
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                ones = torch.ones(1, device=device)
+                dist.all_reduce(ones)
+                done["sum"] = float(ones.item())  # waits for the device
+        except Exception as exc:  # any failure of the backend is the answer, said in one line
+            done["error"] = exc
+
+    thread = threading.Thread(target=probe, name="gpt2forge-preflight", daemon=True)
+    thread.start()
+    thread.join(timeout.total_seconds())
+    if "error" in done:
+        exc = done["error"]
+        return False, first_words(exc)
+    if "sum" not in done:
+        return False, "no answer: it is still waiting"
+    return done["sum"] == world, f"the sum was {done['sum']:g}, not {world}"
+
+
+def first_words(exc: BaseException) -> str:
+    """The backend's own words, cut to 200 characters: NCCL's `Last error:` line when it has one (what
+    failed: "socketStartConnect: Connect to 10.77.0.2<43215> failed : No route to host"), else the
+    first line without its source location (gloo's `[pair.cc:553] `, NCCL's `NCCL error in: <file>:<line>, `)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+    if "Last error:" in lines[:-1]:
+        said = lines[lines.index("Last error:") + 1]
+    else:
+        said = re.sub(r"^\[[^\]]*\]\s*|^NCCL error in: \S+, ", "", lines[0])
+    return said[:200]
+
+
+# What NCCL's and gloo's messages mean, and the fix: (pattern, hint). NCCL's words: its result names
+# (ncclSystemError, ncclRemoteError, ...), "socketStartConnect: Connect to <address> failed", "NET/IB",
+# torch's "Watchdog caught collective operation timeout"; gloo's: "Connection closed by peer",
+# "Timed out waiting", "gloo/transport".
+_NCCL_HINTS = (
+    (r"Duplicate GPU detected|ncclInvalidUsage", "two ranks share one GPU: start one process per GPU "
+     "(--nproc_per_node at most the GPUs of a node) and leave CUDA_VISIBLE_DEVICES the same on every rank"),
+    (r"socketStartConnect|Connect to .* failed|No route to host|Connection refused|Software caused connection "
+     r"abort|no socket interface found|Bootstrap", "NCCL's sockets cannot reach the other nodes: set "
+     "NCCL_SOCKET_IFNAME=<interface> to the network the nodes share (NCCL_DEBUG=INFO lists what it tried) and "
+     "check that no firewall blocks the ports between them"),
+    (r"NET/IB|ibv_|IBV_|InfiniBand", "the InfiniBand transport failed: check the links (ibstat), or run over "
+     "sockets with NCCL_IB_DISABLE=1"),
+    (r"ncclRemoteError|remote process exit", "a process on another node exited or lost its network: its own log "
+     "or torchrun's summary says why"),
+    (r"ncclUnhandledCudaError|unhandled cuda error|Cuda failure", "a CUDA error inside NCCL: check the GPUs "
+     "(nvidia-smi) and that every node runs the same driver and NCCL"),
+    (r"ncclSystemError|unhandled system error|/dev/shm|shm", "a system call of NCCL failed: in a container, "
+     "/dev/shm may be too small (docker --shm-size=1g or NCCL_SHM_DISABLE=1); NCCL_DEBUG=INFO names the call"),
+    (r"Watchdog caught collective operation timeout|timed out|still waiting|Timeout", "no data moved: the ranks "
+     "met but their GPUs cannot reach each other; set NCCL_DEBUG=INFO to see the transport, and try "
+     "NCCL_SOCKET_IFNAME=<interface> or NCCL_IB_DISABLE=1"),
+    (r"ncclInternalError|NCCL communicator was aborted|NCCL error", "NCCL failed: set NCCL_DEBUG=INFO to see why"),
+)
+_GLOO_HINTS = (
+    (r"Connection (closed|reset) by peer", "a peer's process exited: its own log or torchrun's summary says why"),
+    (r"Connection refused|Cannot assign requested address|Address family not supported|gloo/transport",
+     "gloo cannot reach the other nodes: set GLOO_SOCKET_IFNAME=<interface> to the network the nodes share, "
+     "and check MASTER_ADDR"),
+    (r"Timed out|still waiting", "check the network between the nodes (GLOO_SOCKET_IFNAME=<interface>)"),
+)
+
+
+def backend_failure_hint(said: str, backend: str) -> str:
+    """What a failed collective's message `said` means and what to do, for the job's `backend` (NCCL's
+    messages where the backend includes NCCL, else gloo's)."""
+    hints = (_NCCL_HINTS + _GLOO_HINTS) if "nccl" in backend else _GLOO_HINTS
+    for pattern, hint in hints:
+        if re.search(pattern, said, re.I):
+            return hint
+    if "nccl" in backend:
+        return ("NCCL cannot move data between these ranks: set NCCL_DEBUG=INFO to see the transport, and try "
+                "NCCL_SOCKET_IFNAME=<interface> or NCCL_IB_DISABLE=1")
+    return "check the network between the nodes"
 
 
 def _this_node() -> tuple[str, str]:
@@ -91,8 +177,9 @@ def _this_node() -> tuple[str, str]:
         return host, "?"
 
 
-_COMM_FAILURE = re.compile(r"gloo/transport|Connection (closed|reset) by peer|Timed out waiting|NCCL (error|timeout)",
-                           re.I)
+_COMM_FAILURE = re.compile(r"gloo/transport|Connection (closed|reset) by peer|Timed out waiting|NCCL (error|timeout)|"
+                           r"ncclRemoteError|ncclSystemError|ncclInternalError|NCCL communicator was aborted|"
+                           r"Watchdog caught collective operation timeout", re.I)
 # gloo names the peer whose connection closed: "Connection closed by peer [10.77.0.2]:63662",
 # "Read error [10.77.0.2]:41603: Connection reset by peer" (its own "[file.cc:553]" has no port).
 _PEER = re.compile(r"\[([^\]\s/]+)\]:\d+")

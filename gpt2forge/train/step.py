@@ -3,6 +3,7 @@
 The loss of an update is the mean over every scored token of the global batch; gradients are
 averaged across replicas (DDP, ZeRO, FSDP2 or the pipeline's own reduction), their global norm is
 logged and clipped, and an update whose gradients are not finite is skipped (in every precision).
+What a GPU failure's line says of a run (`failure_context`) is composed here too.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -24,6 +26,7 @@ from gpt2forge.model.documents import document_layout, eod_masked_labels
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
 from gpt2forge.parallel.health import Watchdog
+from gpt2forge.parallel.memory_plan import resolved_lm_loss
 from gpt2forge.parallel.strategy import MicroBatch, Strategy
 from gpt2forge.text.tokenizer import load_tokenizer
 from gpt2forge.train.config import TrainConfig
@@ -198,3 +201,39 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
     run.strategy.sum_evaluation(totals)
     loss = float(totals[0] / totals[2].clamp(min=1))
     return loss, math.exp(min(loss, 50.0)), int(totals[2])
+
+
+def failure_context(run: Run, step: int) -> str:
+    """What the run was doing, for a GPU failure's line: `host step 12 of gpt2-medium (354.8M parameters,
+    bf16), micro-batches of 16 x 1,024 tokens` (`step` counted from 1; its validation or checkpoint included)."""
+    cfg = run.cfg
+    name = Path(cfg.arch.model_config).stem if cfg.arch.model_config else cfg.arch.model
+    return (f"host step {step} of {name} ({run.model.config.num_params() / 1e6:.1f}M parameters, {run.precision}), "
+            f"micro-batches of {cfg.parallel.batch_size} x {cfg.arch.max_len:,} tokens")
+
+
+def memory_fixes(run: Run) -> str:
+    """The flags that make this run need less device memory, those it does not use already."""
+    cfg, mem = run.cfg, run.cfg.memory
+    fixes = ["--plan (what each process needs, and whether it fits)"]
+    if (b := cfg.parallel.batch_size) > 1:
+        fixes.append(f"--batch-size {b // 2} with --gradient-accumulation {2 * cfg.parallel.gradient_accumulation} "
+                     "(the same global batch)")
+    if resolved_lm_loss(mem, run.device.type) == "plain":
+        fixes.append("--lm-loss fused (never holds the whole logits)")
+    if not mem.recompute:
+        fixes.append("--recompute-checkpoint-every-layer (activations recomputed in backward)")
+    if mem.offload_mode == "none":
+        fixes.append("--offload optimizer or full (optimizer state in host memory)")
+    elif mem.offload_mode == "optimizer":
+        fixes.append("--offload full (parameters and gradients in host memory too)")
+    return "try " + ", ".join(fixes)
+
+
+def what_is_kept(cfg: TrainConfig) -> str:
+    """What a run that stopped still has, and how to go on from it."""
+    out = cfg.checkpoint.checkpoint_output_dir
+    if not out:
+        return "no checkpoint was being written (--checkpoint-output-dir keeps them)"
+    return (f"the checkpoints already in {out} are complete (each is published whole); --auto-resume continues "
+            "from the latest")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import RunError, UsageError
+from gpt2forge.core.errors import RunError, UsageError, naming_gpu_failures
 from gpt2forge.core.runtime import (
     LossScaler,
     autocast_dtype,
@@ -76,7 +76,15 @@ from gpt2forge.train.state import (
     save,
     whole_model,
 )
-from gpt2forge.train.step import Run, evaluate, train_step, validation_subset
+from gpt2forge.train.step import (
+    Run,
+    evaluate,
+    failure_context,
+    memory_fixes,
+    train_step,
+    validation_subset,
+    what_is_kept,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,9 +253,13 @@ def _test(loop: Loop) -> None:
 
 def _loop_naming_lost_nodes(loop: Loop) -> tuple[float, float, int] | None:
     """`_loop`; a collective that fails (a node, its processes or its link lost) ends the run with one
-    line naming the node(s) and the timeout (health.collective_failure), not gloo's traceback."""
+    line naming the node(s) and the timeout (health.collective_failure), not gloo's traceback; so does
+    a GPU out of memory or gone (errors.naming_gpu_failures: the step, the memory, the flags that help)."""
+    run = loop.run
     try:
-        return _loop(loop)
+        with naming_gpu_failures(run.device, lambda: failure_context(run, loop.progress.step + 1),
+                                 memory_fixes(run), what_is_kept(run.cfg)):
+            return _loop(loop)
     except RuntimeError as exc:
         watchdog = loop.run.watchdog
         line = collective_failure(exc, TIMEOUT, watchdog.what if watchdog is not None else "")
