@@ -62,7 +62,7 @@ from gpt2forge.train.kfac import build_preconditioner
 from gpt2forge.train.memory_features import apply_memory_features, offload_to_host, peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics.lines import StepReport, step_line, validation_lines
 from gpt2forge.train.metrics.monitor import RunMonitor
-from gpt2forge.train.metrics.peak import StepMeter, device_peak, peak_reader
+from gpt2forge.train.metrics.peak import StepMeter, device_peak, in_run_peak, peak_reader
 from gpt2forge.train.model_setup import build_model, check_step_fits_host, resolve_model_config
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
@@ -230,11 +230,12 @@ def _loop_over_data(s: Setup, strategy: Strategy, optimizer: torch.optim.Optimiz
     progress = Progress()
     if cfg.checkpoint.resume_training_from_checkpoint:
         resume(run, s.ckpt_dir, progress)
-    peak = device_peak(s.device, s.precision)
-    if peak and s.device.type == "cuda":
-        peak *= s.env.world_size  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
+    peak, read = device_peak(s.device, s.precision), in_run_peak(s.device, s.precision)
+    if s.device.type == "cuda":  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
+        peak = peak * s.env.world_size if peak else peak
+        read = read * s.env.world_size if read else read
     meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, s.model.config.flops_per_token(cfg.arch.max_len), peak,
-                      reread_peak=peak_reader(s.device, s.precision))
+                      reread_peak=peak_reader(s.device, s.precision), read_peak=read)
     return Loop(run, data, progress, total_steps, steps_per_epoch, meter, RunMonitor(cfg, s.model.config, total_steps))
 
 
@@ -364,7 +365,8 @@ def _host_step(loop: Loop, updates: Iterator[list[torch.Tensor]], index_in_epoch
         seconds_per_step=step_s, consumed_samples=consumed, consumed_tokens=progress.step * cfg.tokens_per_step,
         global_batch=cfg.samples_per_step, loss_scale=run.scaler.scale, skipped=run.skipped_updates,
         processes=run.dist_env.world_size, epoch_done=epoch_done, last=progress.step >= loop.total_steps,
-        blend=blend_shares(loop.data.train, consumed)), t_end
+        blend=blend_shares(loop.data.train, consumed), mfu_of_read=loop.meter.read_mfu(tokens_s),
+        peak_read=loop.meter.read_peak), t_end
 
 
 def _advance(progress: Progress, steps_per_epoch: int) -> bool:

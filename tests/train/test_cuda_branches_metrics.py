@@ -1,15 +1,20 @@
-"""The CUDA-only branches of what a run reports (MFU's GPU peak table, the profiler's CUDA activity
-and sort key, the machine report's GPUs), run on the CPU under the fake CUDA runtime
-(tests/fake_cuda.py)."""
+"""The CUDA-only branches of what a run reports (MFU's GPU peak table and the peak read beside it,
+the profiler's CUDA activity and sort key, the machine report's GPUs), run on the CPU under the
+fake CUDA runtime (tests/fake_cuda.py)."""
+
+import re
 
 import pytest
 import torch
 
 from gpt2forge.tools import machine_report
-from gpt2forge.train.metrics import profiler
-from gpt2forge.train.metrics.peak import GPU_PEAKS, device_peak
+from gpt2forge.train.metrics import peak, profiler
+from gpt2forge.train.metrics.lines import StepReport, step_line
+from gpt2forge.train.metrics.peak import GPU_PEAKS, StepMeter, device_peak
 
 CUDA0 = torch.device("cuda", 0)
+STEP_MFU = re.compile(r"^step \d+ of epoch \d+, .* MFU: (\S+),")
+"""As tests/train/test_metrics_peak.py reads the step line's MFU."""
 
 NAMES = {
     "NVIDIA H200": "H200",
@@ -81,3 +86,46 @@ def test_the_machine_report_lists_each_gpu(fake_cuda):
     assert {"SDPA flash", "SDPA memory-efficient"} <= set(fast)
     assert ("cuda: NVIDIA H100 80GB HBM3 (sm 7.0, 80.0 GiB); NVIDIA H200 (sm 7.0, 80.0 GiB) (CUDA runtime 12.8)"
             in machine_report.format_report(env))
+
+
+FLOPS_PER_TOKEN = 6 * 124e6  # the meter takes any figure: round numbers keep the expected lines readable
+
+
+def _report(meter, tokens_per_s: float) -> StepReport:
+    return StepReport(step=3, total_steps=10, index_in_epoch=2, epoch=0, loss=3.5, acc=0.25, lr=6e-4,
+                      samples_per_s=tokens_per_s / 1024, tokens_per_s=tokens_per_s, mfu=meter.rates(1024 * 16 /
+                      tokens_per_s)[2], mfu_fraction=meter.mfu(tokens_per_s), peak_memory_gib=9.5, data_wait_pct=0.1,
+                      grad_norm=1.0, seconds_per_step=1024 * 16 / tokens_per_s, consumed_samples=48,
+                      consumed_tokens=48 * 1024, global_batch=16, loss_scale=1.0, skipped=0, processes=1,
+                      epoch_done=False, last=False, mfu_of_read=meter.read_mfu(tokens_per_s),
+                      peak_read=meter.read_peak)
+
+
+def test_gpu_mfu_is_the_data_sheets_with_the_peak_read_here_beside_it(fake_cuda, monkeypatch):
+    fake_cuda.names = ["NVIDIA H200"]
+    reads = []
+    monkeypatch.setattr(peak, "read_gpu_peak", lambda device, precision: reads.append((device, precision)) or 790e12)
+    sheet, read = device_peak(CUDA0, "bf16"), peak.in_run_peak(CUDA0, "bf16")
+    assert (sheet, read, reads) == (989e12, 790e12, [(CUDA0, "bf16")])
+    meter = StepMeter(16, 1024, FLOPS_PER_TOKEN, sheet, read_peak=read)
+    line = step_line("graphcore", _report(meter, 500_000.0))
+    assert ", MFU: 37.6%, MFU of the peak read here: 47.1% of 790.0 TFLOP/s, peak memory: 9.50 GiB," in line
+    assert STEP_MFU.match(line)[1] == "37.6%"  # the data sheet's figure is the one log parsers read
+    assert _report(meter, 500_000.0).record()["mfu_of_read"] == pytest.approx(500_000 * FLOPS_PER_TOKEN / 790e12)
+
+
+def test_a_cpu_step_line_has_no_second_mfu():
+    assert peak.in_run_peak(torch.device("cpu"), "fp32") is None
+    meter = StepMeter(16, 1024, FLOPS_PER_TOKEN, 2e12)
+    report = _report(meter, 1000.0)
+    assert "MFU of the peak read" not in step_line("graphcore", report) and "mfu_of_read" not in report.record()
+
+
+def test_the_peak_read_is_a_timed_matmul_and_none_without_room(monkeypatch):
+    assert peak.read_gpu_peak(torch.device("cpu"), "fp32", n=64, reps=2) > 0
+
+    def no_room(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB.")
+
+    monkeypatch.setattr(torch, "randn", no_room)
+    assert peak.read_gpu_peak(torch.device("cpu"), "bf16") is None

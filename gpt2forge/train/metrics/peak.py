@@ -1,7 +1,9 @@
 """Throughput and model FLOPs utilisation (MFU).
 
 MFU = achieved training FLOP/s / peak FLOP/s of the device in the run's precision. GPU peaks come
-from a table of dense tensor-core figures. CPU peaks are not published in a form we can look up, so
+from a table of dense tensor-core figures (the data sheets': llm.c's, nanoGPT's and torchtitan's
+basis); beside it the step line shows the MFU against a large matmul read on the GPU at start-up
+(`read_gpu_peak`), which runs below the data sheet. CPU peaks are not published in a form we can look up, so
 a CPU's is measured: the best of several reads of a large matmul in that precision, kept in
 ~/.cache/gpt2forge/cpu_peak.json per CPU (`cpu_peak_key`), where it only ever rises. A step that
 beats the peak re-reads it or raises it (`StepMeter`): MFU never prints above 100%.
@@ -22,7 +24,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.precision import cpu_identity
-from gpt2forge.core.runtime import PRECISION_DTYPES, cpu_half_matmul_is_emulated
+from gpt2forge.core.runtime import PRECISION_DTYPES, cpu_half_matmul_is_emulated, synchronize
 
 PEAK_READS = 4
 """Matmul reads of a CPU's peak at start-up when none is cached for this CPU (one read when one is:
@@ -56,6 +58,40 @@ def gpu_peak(device: torch.device, precision: str) -> float | None:
         if key in name:
             return peaks.get(precision)
     return None
+
+
+GPU_READ_SIZE = 8192
+"""n of the n x n x n products a GPU's peak is read with (three n x n matrices in the run's precision)."""
+
+
+def read_gpu_peak(device: torch.device, precision: str, n: int = GPU_READ_SIZE, reps: int = 10) -> float | None:
+    """FLOP/s of this GPU's matmul in `precision` (fp32: TF32, as `configure_matmul` sets it), read
+    now: the best of `reps` n x n x n products after a warm-up, each timed between two device
+    synchronisations. None where the GPU has no room left for the three matrices."""
+    dtype = PRECISION_DTYPES[precision]
+    try:
+        gen = torch.Generator(device).manual_seed(0)  # never the global RNG: a resumed run's dropout depends on it
+        a = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
+        b = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
+        torch.mm(a, b)  # warm-up: the kernel choice, the clocks
+        best = float("inf")
+        for _ in range(reps):
+            t0 = synchronize(device)
+            torch.mm(a, b)
+            best = min(best, synchronize(device) - t0)
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        a = b = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # give the matrices back to the run
+    return 2.0 * n**3 / best
+
+
+def in_run_peak(device: torch.device, precision: str) -> float | None:
+    """The peak read in this run to show beside the data sheet's MFU: a GPU's `read_gpu_peak`; None
+    elsewhere (a CPU's peak is a read already: `device_peak`)."""
+    return read_gpu_peak(device, precision) if device.type == "cuda" else None
 
 
 def cache_file() -> Path:
@@ -192,11 +228,13 @@ class StepMeter:
     """
 
     def __init__(self, samples_per_step: int, seq_len: int, flops_per_token: float, peak: float | None,
-                 reread_peak: Callable[[], float] | None = None):
+                 reread_peak: Callable[[], float] | None = None, read_peak: float | None = None):
         self.samples_per_step = samples_per_step
         self.seq_len = seq_len
         self.flops_per_token = flops_per_token
         self.peak = peak
+        self.read_peak = read_peak
+        """The job's peak read in this run (`in_run_peak`), shown beside a GPU's data-sheet MFU; None on a CPU."""
         self.reread_peak = reread_peak
         self.rereads_left = REREADS if reread_peak is not None else 0
         self.peak_is_a_step_rate = False
@@ -219,6 +257,10 @@ class StepMeter:
     def mfu(self, tokens_per_sec: float) -> float | None:
         """MFU as a fraction (0.123 = 12.3%), None when the device peak is unknown."""
         return tokens_per_sec * self.flops_per_token / self.peak if self.peak else None
+
+    def read_mfu(self, tokens_per_sec: float) -> float | None:
+        """MFU against `read_peak` as a fraction, None without one."""
+        return tokens_per_sec * self.flops_per_token / self.read_peak if self.read_peak else None
 
     def _raise_peak(self, achieved: float) -> None:
         """A step ran at `achieved` FLOP/s, above the peak: re-read it, else raise it to `achieved`."""
