@@ -1,10 +1,13 @@
 """Autoregressive generation with a preallocated KV cache (gpt2forge.generate.kv_cache).
 
 One generation = one batched prefill of the (left-padded) prompts in a single forward pass, then one
-token per step written into the cache: the prefix is never recomputed and nothing grows. With
-`compile=True` (the reference's `--poptorch-loop`) the decode step is the device's fastest: on the
-CPU one C++ call per token (gpt2forge.generate.fused_step), else torch.compile'd once for its static
-shapes (on CUDA with mode="reduce-overhead", i.e. CUDA graphs).
+token per step written into the cache: the prefix is never recomputed and nothing grows. The tokens
+stay on the device (gpt2forge.generate.decode_loop) and the host reads them every `sync_every`
+steps. With `compile=True` (the reference's `--poptorch-loop`) the decode step is the device's
+fastest: on the CPU one C++ call per token (gpt2forge.generate.fused_step), else torch.compile'd
+once for its static shapes; on CUDA that compiled forward, the token's choice and the loop's
+bookkeeping are one CUDA graph, replayed per token (the LM head there over all padded_vocab rows,
+the padding masked).
 
     gen = Generator(model, batch_size=2, max_len=192)
     out = gen.generate([[464, 3290], [40]], max_new_tokens=128, sampling=SamplingConfig(greedy=True))
@@ -24,6 +27,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.capability import capabilities
 from gpt2forge.core.runtime import synchronize
+from gpt2forge.generate.decode_loop import DecodeLoop, Rows, TokenCallback, cuda_graph
 from gpt2forge.generate.fused_step import FusedDecodeStep
 from gpt2forge.generate.gemv import (
     PREFETCH_CHOICES,
@@ -34,12 +38,13 @@ from gpt2forge.generate.gemv import (
     lane_choices,
 )
 from gpt2forge.generate.kv_cache import CachedLM
-from gpt2forge.generate.sampling import SamplingConfig, check_ids, next_token
+from gpt2forge.generate.sampling import SamplingConfig, check_ids
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.text.tokenizer import load_tokenizer
 
-# on_token(step, ids of every row this step (B,), finished flags after this step (B,))
-TokenCallback = Callable[[int, list[int], list[bool]], None]
+SYNC_EVERY = 16
+"""Decode steps a GPU runs between two host reads of the tokens: a row's stop is seen at most 15
+steps late (their tokens are dropped), for one wait per 16 tokens instead of one per token."""
 
 
 @dataclasses.dataclass
@@ -115,9 +120,15 @@ class Generator:
     every `generate` call, so an interactive session never reallocates or recompiles."""
 
     def __init__(self, model: GPT2LMHeadModel, batch_size: int, max_len: int, compile: bool = False):
-        self.lm = CachedLM(model, batch_size, max_len).eval()
         self.device = next(model.parameters()).device
+        self.graph_decode = compile and capabilities(self.device).graph_decode
+        """Whether the decode step is compiled and, on CUDA, replayed as a CUDA graph with the token's choice."""
+        # CUDA's graph: the LM head over the aligned padded_vocab rows (a cuBLAS-friendly shape).
+        self.lm = CachedLM(model, batch_size, max_len, full_head=self.graph_decode).eval()
         self.vocab_size = model.config.vocab_size
+        self.loop = DecodeLoop(batch_size, max_len, self.vocab_size, self.device)
+        self.sync_every = 1 if self.device.type == "cpu" and not self.graph_decode else SYNC_EVERY
+        """Decode steps between two host reads of the tokens (the CPU runs each step synchronously anyway)."""
         self.step = self.lm
         self.threads = torch.get_num_threads()  # prefill's
         self.kernel = KernelSettings(self.threads)  # the decode matmuls' (CPU); warm_up measures the fastest
@@ -125,11 +136,11 @@ class Generator:
         self._pending: tuple[torch.Tensor, ...] | None = None  # the inputs of the step being compiled
         self._last_graph: DirectStep | None = None  # the graph that ran the latest compiled step
         self.fused: FusedDecodeStep | None = None  # CPU: the step as one C++ call (gpt2forge.generate.fused_step)
-        self.graph_decode = compile and capabilities(self.device).graph_decode
-        """Whether the step is compiled with mode="reduce-overhead": CUDA graphs (CUDA)."""
         if self.graph_decode:
-            # Static shapes (B, 1): one graph, replayed as a CUDA graph ("reduce-overhead").
-            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True, mode="reduce-overhead")
+            # Static shapes (B, 1): one inductor graph, captured with the rest of the token step in
+            # a CUDA graph of our own (_token_step), not torch.compile's "reduce-overhead", whose
+            # dynamo guards and input copies ran on every token.
+            self.step = torch.compile(self.lm, dynamic=False, fullgraph=True)
         elif compile:
             self.fused = FusedDecodeStep.of(self.lm) if self.device.type == "cpu" else None
         if compile and not self.graph_decode and self.fused is None:
@@ -301,37 +312,47 @@ class Generator:
         stop_ids = frozenset(stop_ids)
         n, P = len(prompts), max(len(p) for p in prompts)
         ids, pad, seen = self._prefill_inputs(list(prompts) + [prompts[-1]] * (self.batch_size - n))
-        slots = torch.arange(self.max_len, device=self.device)
-        track_seen = sampling.repetition_penalty != 1.0
-        out: list[list[int]] = [[] for _ in range(n)]
-        finished = [False] * self.batch_size
-        step_s: list[float] = []
-
+        loop, rows = self.loop, Rows(n, stop_ids, on_token)
+        loop.start(pad, seen, stop_ids, P)
+        # Sampling with a generator: its state after each token, to leave it after the stop token's
+        # draw (as a loop of one step per token would) when a chunk ran past it.
+        rewind = generator is not None and not sampling.greedy and self.sync_every > 1
         with num_threads(self.threads):  # prefill: matmuls with P rows, worth every thread
             t0 = synchronize(self.device)
-            tok = next_token(self.lm(ids, slots[:P], pad), sampling, self.vocab_size, seen, generator)  # (B,)
+            loop.record(self.lm(ids, torch.arange(P, device=self.device), pad), sampling, generator)  # token 0
             prefill_s = synchronize(self.device) - t0
+        step = self._token_step(sampling, generator)
         with self._decoding():
-            for t in range(max_new_tokens):
+            for start in range(0, max_new_tokens, self.sync_every):
+                end = min(start + self.sync_every, max_new_tokens)
                 t0 = time.perf_counter()
-                if t > 0:  # feed the previous token, in slot P + t - 1
-                    logits = self._decode_step(tok[:, None], slots[P + t - 1:P + t], pad)
-                    tok = next_token(logits, sampling, self.vocab_size, seen, generator)
-                row_ids = tok.tolist()  # the one host sync per step
-                for b, i in enumerate(row_ids[:n]):
-                    if not finished[b]:
-                        finished[b] = i in stop_ids
-                        if not finished[b]:
-                            out[b].append(i)
-                if t > 0:
-                    step_s.append(time.perf_counter() - t0)
-                if on_token is not None:
-                    on_token(t, row_ids[:n], finished[:n])
-                if all(finished[:n]):
+                states = [generator.get_state()] if rewind and start == 0 else []
+                for _ in range(max(start, 1), end):  # token t comes from decode step t
+                    step()
+                    if rewind:
+                        states.append(generator.get_state())
+                chunk, finished = loop.read(start, end)  # the host waits here, once per chunk
+                seconds = (time.perf_counter() - t0) / max(1, end - max(start, 1))
+                last = rows.take(start, chunk, seconds)
+                if last is not None:
+                    if last < end - 1 and rewind:
+                        generator.set_state(states[last - start])
                     break
-                if track_seen:
-                    seen.scatter_(1, tok[:, None], True)
-        return GenerationResult(out, prefill_s, step_s)
+                assert not all(finished[:n]), "the device saw a stop the host did not"
+        return GenerationResult(rows.out, prefill_s, rows.step_s)
+
+    def _token_step(self, sampling: SamplingConfig, generator: torch.Generator | None) -> Callable[[], None]:
+        """One decode step over self.loop's buffers (DecodeLoop.token_step); with graph_decode on
+        CUDA its CUDA graph's replay, captured on first use for this sampling, generator and stop
+        buffer. A generator on another device than the model draws on the host: no graph then."""
+        step = self.loop.token_step(self._decode_step, sampling, generator)
+        if not (self.graph_decode and self.device.type == "cuda") or \
+                (generator is not None and generator.device != self.device):
+            return step
+        key = (dataclasses.astuple(sampling), id(generator), self.loop.stop.numel())
+        if key not in self.loop.graphs:  # the generator is kept with it: its id stays its own
+            self.loop.graphs[key] = (cuda_graph(step, self.device, generator, self.loop.buffers()), generator)
+        return self.loop.graphs[key][0]
 
 
 def sample(model: GPT2LMHeadModel, prompt_ids: list[int], new_tokens: int, temperature: float = 0.8,

@@ -80,10 +80,16 @@ class CachedLM(nn.Module):
     returns the logits of the LAST position only, (B, vocab_size): the LM head never runs for the
     other prompt positions, nor for the embedding's padding rows. Prefill is one call with T = P;
     each decode step is a call with T = 1 (static shapes, so the step compiles once).
+
+    `full_head=True` (CUDA's graph decode): the head runs over all padded_vocab rows, an aligned
+    shape (50,304 for GPT-2, a multiple of 64) that GPU matmuls prefer to 50,257 odd rows, and the
+    logits (B, padded_vocab) have -inf in the padding columns, so those ids are never chosen.
     """
 
-    def __init__(self, model: GPT2LMHeadModel, batch_size: int, max_len: int, dtype: torch.dtype | None = None):
+    def __init__(self, model: GPT2LMHeadModel, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
+                 full_head: bool = False):
         super().__init__()
+        self.full_head = full_head
         cfg = model.config
         if max_len > cfg.n_positions:
             raise ValueError(f"max_len {max_len} exceeds n_positions {cfg.n_positions}")
@@ -116,4 +122,8 @@ class CachedLM(nn.Module):
         # logits to -inf made the compiled step sweep every logit again after the head's matmul.
         head, V = self.model.lm_head, self.model.config.vocab_size
         linear = gemv_linear if isinstance(head, GemvLinear) else F.linear
+        if self.full_head:
+            logits = linear(hidden[:, -1], head.weight, head.bias)  # (B, padded_vocab)
+            logits[:, V:] = float("-inf")  # the padding columns only: B x (padded_vocab - V) values
+            return logits
         return linear(hidden[:, -1], head.weight[:V], None if head.bias is None else head.bias[:V])  # (B, V)
