@@ -15,8 +15,10 @@ Per process (bytes, P = the stage's parameters, R = replicas of the stage):
   instead; under FSDP2 (ZeRO-2/3) any offload is FSDP2's CPU offload policy (`--offload full`): the
   fp32 shards, their gradients and the moments (16 P / R) live in host memory, and the device keeps
   only gathered copies (ZeRO-3: the root unit and two blocks) and one unit's unsharded gradient;
-- activations: measured, not modelled: one block's forward runs here at the run's micro-batch
-  shape, precision and dropout, and the tensors autograd saves are counted. With recomputation a
+- activations: measured, not modelled: one block's forward runs at the run's micro-batch shape,
+  precision and dropout, and the tensors autograd saves are counted; it runs on fake tensors of the
+  device (no memory), and on a GPU for real only where it fits half the free memory (a plan is for
+  GPUs too small for the run: it must not run out of their memory itself). With recomputation a
   block keeps only its input, plus one block's activations during its backward. Non-pipelined
   processes hold one micro-batch at a time; a pipeline stage holds every micro-batch in flight
   (GPipe: all of them; 1F1B: stages - stage);
@@ -44,7 +46,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import opt, positive
-from gpt2forge.core.runtime import GiB, available_host_memory, device_capacity
+from gpt2forge.core.runtime import GiB, available_device_memory, available_host_memory, device_capacity
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import Block
 from gpt2forge.ops.lm_head_loss import LossChunking
@@ -139,20 +141,27 @@ def resolved_lm_loss(memory: MemoryArgs, device_type: str) -> str:
     return "fused" if device_type == "cpu" or chunked else "plain"
 
 
-def block_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
-                           dtype: torch.dtype | None, fake: bool | None = None) -> int:
+PLAN_MARGIN = 0.5
+"""--plan runs a real block on a GPU only when what it takes (block_run_bytes) is at most this share
+of the memory free there: the plan exists for GPUs too small for the run, and must not fill them."""
+
+
+def saved_block_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
+                      dtype: torch.dtype | None, fake: bool) -> int:
     """Bytes autograd saves for one block's backward at (batch, seq_len): one block's forward runs
     under autocast to `dtype` (None: fp32), and the saved tensors that are neither parameters nor
-    the block's input are counted once each. On a GPU it really runs; on the CPU it runs on fake
-    tensors (shapes only: the same graph and saved tensors, no arithmetic, so emulated bf16 costs
-    nothing)."""
+    the block's input are counted once each. `fake`: on fake tensors of `device` (shapes only: the
+    same kernels' graph and saved tensors, no memory and no arithmetic, so emulated bf16 costs
+    nothing); else for real, on `device`."""
     from torch._subclasses.fake_tensor import FakeTensorMode  # private torch API: imported only where used
 
-    fake = device.type == "cpu" if fake is None else fake
-    block = Block(cfg, 0).to(device).train()
+    block = Block(cfg, 0).train()  # host memory; the fake run never puts it on the device
+    if not fake:
+        block.to(device)
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     with mode:
-        params = {name: mode.from_tensor(p) if fake else p for name, p in block.named_parameters()}
+        params = {name: (torch.empty(p.shape, dtype=p.dtype, device=device).requires_grad_(p.requires_grad)
+                         if fake else p) for name, p in block.named_parameters()}
         x = torch.randn(batch, seq_len, cfg.n_embd, device=device, requires_grad=True)
         skip = {t.untyped_storage()._cdata for t in (x, *params.values())}
         saved: dict[int, int] = {}
@@ -167,6 +176,31 @@ def block_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: t
                 torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             torch.func.functional_call(block, params, (x,))
     return sum(saved.values())
+
+
+def block_run_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dtype | None, activations: int) -> int:
+    """Device bytes a real run of one block takes: its fp32 parameters (and their autocast copies),
+    the fp32 input, and the `activations` it saves."""
+    copies = 2 if dtype is not None else 0
+    return (4 + copies) * cfg.block_params + 4 * batch * seq_len * cfg.n_embd + activations
+
+
+def block_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
+                           dtype: torch.dtype | None, fake: bool | None = None) -> int:
+    """Bytes autograd saves for one block's backward at (batch, seq_len) on `device`
+    (saved_block_bytes). `fake` None: measured on fake tensors of the device; on a GPU the block
+    then runs for real only when block_run_bytes fits PLAN_MARGIN of the memory free there
+    (available_device_memory), and that count is returned; else the fake one, so that --plan never
+    runs what may not fit. True / False: fake / real only."""
+    if fake is not None:
+        return saved_block_bytes(cfg, batch, seq_len, device, dtype, fake)
+    estimate = saved_block_bytes(cfg, batch, seq_len, device, dtype, fake=True)
+    if device.type != "cuda":
+        return estimate
+    have, _ = available_device_memory(device)
+    if block_run_bytes(cfg, batch, seq_len, dtype, estimate) > PLAN_MARGIN * have:
+        return estimate
+    return saved_block_bytes(cfg, batch, seq_len, device, dtype, fake=False)
 
 
 def stage_params(cfg: ModelConfig, layers: tuple[int, ...]) -> list[int]:
