@@ -75,8 +75,7 @@ def test_the_profiler_records_cuda_and_sorts_by_device_time(fake_cuda, monkeypat
 
 def test_the_machine_report_lists_each_gpu(fake_cuda):
     fake_cuda.names = ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
-    fake_cuda.bf16_tensors = False  # no bf16 at all, not even emulated (compute capability 8.0+ always has it)
-    fake_cuda.capability = (7, 0)
+    fake_cuda.capability = (7, 0)  # a V100: bf16 tensors, emulated bf16 matmuls: not native
     env = machine_report.environment()
     gpu = {"name": "NVIDIA H100 80GB HBM3", "capability": "7.0", "memory_gib": 80.0}
     assert env["devices"]["cuda"] == [gpu, {**gpu, "name": "NVIDIA H200"}]
