@@ -188,13 +188,18 @@ def block_run_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype: torch.dty
 def block_activation_bytes(cfg: ModelConfig, batch: int, seq_len: int, device: torch.device,
                            dtype: torch.dtype | None, fake: bool | None = None) -> int:
     """Bytes autograd saves for one block's backward at (batch, seq_len) on `device`
-    (saved_block_bytes). `fake` None: measured on fake tensors of the device; on a GPU the block
+    (saved_block_bytes). `fake` None: measured on fake tensors of the device (of the CPU, an upper
+    bound, where the device's kernels have no fake version); on a GPU the block
     then runs for real only when block_run_bytes fits PLAN_MARGIN of the memory free there
     (available_device_memory), and that count is returned; else the fake one, so that --plan never
     runs what may not fit. True / False: fake / real only."""
     if fake is not None:
         return saved_block_bytes(cfg, batch, seq_len, device, dtype, fake)
-    estimate = saved_block_bytes(cfg, batch, seq_len, device, dtype, fake=True)
+    try:
+        estimate = saved_block_bytes(cfg, batch, seq_len, device, dtype, fake=True)
+    except (RuntimeError, NotImplementedError):  # a kernel without a fake (meta) version for this device
+        # The CPU's count: its attention (SDPA's math kernel) saves more than a GPU's fused ones.
+        estimate = saved_block_bytes(cfg, batch, seq_len, torch.device("cpu"), dtype, fake=True)
     if device.type != "cuda":
         return estimate
     have, _ = available_device_memory(device)

@@ -60,3 +60,20 @@ def test_plan_on_a_small_gpu_runs_no_block_larger_than_the_margin(fake_cuda, blo
     assert real and all(need <= memory_plan.PLAN_MARGIN * fake_cuda.free_memory for *_, need in real)
     assert 1600 not in {n for n, *_ in real}
     assert all(device == CUDA0 for *_, device, _, _ in block_runs)
+
+
+def test_a_device_whose_kernels_cannot_run_on_fake_tensors_is_planned_with_the_cpus_count(fake_cuda, block_runs,
+                                                                                           monkeypatch):
+    measure = memory_plan.saved_block_bytes
+
+    def no_fake_kernel(cfg, batch, seq_len, device, dtype, fake):
+        if device.type == "cuda" and fake:
+            raise NotImplementedError("no fake kernel")
+        return measure(cfg, batch, seq_len, device, dtype, fake)
+
+    monkeypatch.setattr(memory_plan, "saved_block_bytes", no_fake_kernel)
+    fake_cuda.free_memory = 2**20  # too little for a real block
+    cfg = ModelConfig.preset("gpt2")
+    assert memory_plan.block_activation_bytes(cfg, 1, 128, CUDA0, None) == block_runs[-1][-1] - (
+        memory_plan.block_run_bytes(cfg, 1, 128, None, 0))
+    assert [(device, fake) for *_, device, fake, _ in block_runs] == [(CPU, True)]
