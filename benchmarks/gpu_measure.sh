@@ -5,7 +5,7 @@
 # gpu_measure_logs.tar.gz (with each benchmark's own JSON).
 #
 #   train_bf16      GPT-2 small, B=16, T=1024, bf16, compiled, the default LM loss: tokens/s and MFU
-#                   (against the matmul peak read in the run; MFU* against the data sheet) next to
+#                   (MFU* against the data sheet, the target's basis; MFU against the peak read in the run) next to
 #                   transformers.GPT2LMHeadModel (SDPA) compiled with fused AdamW; then 2 steps of
 #                   each under torch.profiler (logs/profile/*.txt: kernels by time, graph breaks)
 #   lm_head_op      the fused LM-head loss at N=8192, V=50,304, C=768 (bf16, then fp32): time, peak

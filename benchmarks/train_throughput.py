@@ -53,7 +53,7 @@ import traceback
 
 TARGET = 1.5  # ours / transformers tokens/s, in every precision (GPT-2 small's step target)
 MFU_TARGET = 0.70  # ours in fp32, of the fp32 matmul peak measured in this run (the issue's target)
-GPU_TARGET, GPU_MFU_TARGET = 1.3, 0.45  # on a GPU, against transformers compiled with fused AdamW
+GPU_TARGET, GPU_MFU_TARGET = 1.5, 0.45  # on a GPU: against transformers compiled with fused AdamW; of the data sheet
 IMPLS = ("ours", "transformers")
 
 
@@ -403,28 +403,15 @@ def summarize(res: dict, precision: str, args: argparse.Namespace, fpt: float, p
             "device_peak_flops": peak, "peak_reads_flops": peak_reads, "best_peak_flops": best_peak}
 
 
-def _gpu_peak_read(device, precision: str, n: int = 8192, reps: int = 10) -> float:
-    """One read of this GPU's matmul peak in `precision` (fp32: TF32 tensor cores, as the trainer
-    sets them): the best of `reps` n x n x n products timed with CUDA events, after a warm-up."""
+def _gpu_peak_read(device, precision: str) -> float:
+    """One read of this GPU's matmul peak in `precision` (fp32: TF32 tensor cores, as the trainer sets
+    them): the trainer's own read (`read_gpu_peak`, the one its step line shows beside the data sheet)."""
     import torch
 
+    from gpt2forge.train.metrics.peak import read_gpu_peak
+
     torch.backends.cuda.matmul.allow_tf32 = True
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    gen = torch.Generator(device).manual_seed(0)
-    a = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
-    b = torch.randn(n, n, device=device, generator=gen, dtype=dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.mm(a, b)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    del a, b
-    torch.cuda.empty_cache()
-    return 2.0 * n**3 / best
+    return read_gpu_peak(device, precision)
 
 
 def _cpu_peak_read(precision: str) -> float:
@@ -536,8 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":  # the GPU issue's targets: llm.c reports 38-56% MFU, nanoGPT about 37%
         for s in summaries:
             o = s["impls"]["ours"]
-            print(f"GPU targets, {s['precision']}: ours >= {GPU_MFU_TARGET:.0%} MFU of the peak read in this run: "
-                  f"{'met' if (o['mfu'] or 0) >= GPU_MFU_TARGET else 'NOT met'} ({100 * (o['mfu'] or 0):.1f}%); "
+            sheet = o["mfu_best_peak"] or 0
+            print(f"GPU targets, {s['precision']}: ours >= {GPU_MFU_TARGET:.0%} MFU of the data sheet: "
+                  f"{'met' if sheet >= GPU_MFU_TARGET else 'NOT met'} ({100 * sheet:.1f}%; of the peak read in this "
+                  f"run: {100 * (o['mfu'] or 0):.1f}%); "
                   f">= {GPU_TARGET}x transformers: {'met' if s['ratio'] >= GPU_TARGET else 'NOT met'} "
                   f"({s['ratio']:.2f}x)")
     print(f"total benchmark wall time: {wall:.0f} s")
