@@ -3,15 +3,16 @@
 `--nanogpt DIR` names a nanoGPT checkout (its train.py, model.py and configurator.py; nothing of it is
 copied or changed). Both arms train `make train`'s model (config/config_mini.json, or `--model-config`:
 its n_layer, n_head, n_embd and dropout; `--max-len` 128 of context; GPT-2 BPE) for `--steps` updates
-of 8 x 128 tokens with the Makefile's TRAIN_ARGS settings (AdamW, peak LR 1.5e-3, weight decay 0.1 on
+of 8 x 128 tokens with the Makefile's TRAIN_ARGS schedule and regularisation (weight decay 0.1 on
 parameters of 2 or more dimensions, clip 1.0, 20 warm-up updates, cosine to 0 at the last update) and
-ours' defaults where TRAIN_ARGS is silent (betas (0.9, 0.999), eps 1e-8, which nanoGPT's AdamW also
-has), on the same corpus (build/stdlib_docs.pkl, made by `make train`), and are scored on the same
+ours' defaults where TRAIN_ARGS is silent (AdamW's betas (0.9, 0.999), eps 1e-8, which nanoGPT's AdamW
+also has), each with its own optimizer and peak learning rate (below), on the same corpus
+(build/stdlib_docs.pkl, made by `make train`), and are scored on the same
 held-out windows (ours' `--val-num`, the first of the windows shuffled by the seed; token-weighted mean
 loss) at every `--eval-every` updates:
 
   ours     `train_gpt2.py` with the Makefile's TRAIN_ARGS (its PRECISION: auto, the measured choice;
-           `--torch-compile true`, the fused LM head + loss, fused AdamW), `--seed S`, checkpoints to a
+           `--torch-compile true`, the fused LM head + loss, Muon and fused AdamW), `--seed S`, checkpoints to a
            temporary folder at each evaluation, no sample, plus `--ours-flags` (ablations)
   nanogpt  `python DIR/train.py seed_offset.py --dataset=stdlib_docs --out_dir=out --device=cpu
            --dtype=float32 --compile=False ...` run in a temporary folder (printed in full at start):
@@ -38,10 +39,10 @@ costs what ours' evaluation does, plus its train-split pass) and `always_save_ch
 parent moves out/ckpt.pt aside after each save (once the next step's line shows the save is done) and,
 after the run, scores each checkpoint on the held-out windows with DIR/model.py's GPT class.
 
-What differs, besides the implementations: the optimizer where TRAIN_ARGS names another than AdamW (ours'
-`--optimizer Muon`: Muon for the blocks' matrices; nanoGPT: AdamW as it ships, at TRAIN_ARGS'
---learning-rate unless `--nanogpt-flags=--learning_rate=X`, its own sweep), the training windows (ours: the
-shuffled windows of each document; nanoGPT: uniform random starts across documents), the initial draw
+What differs, besides the implementations: the optimizer and its learning rates (ours: TRAIN_ARGS', Muon
+for the blocks' matrices and AdamW for the rest; nanoGPT: AdamW as it ships, at `--nanogpt-lr`, by default
+the best of its own sweep for this job, `NANOGPT_LR`), the training windows (ours: the shuffled windows of
+each document; nanoGPT: uniform random starts across documents), the initial draw
 (same distributions), ours' MLP non-linearity (the config's gelu_new, tanh) against nanoGPT's exact GELU,
 nanoGPT's evaluation at update 0 and the extra update its loop makes after the last evaluation (both in
 its wall time).
@@ -59,7 +60,7 @@ nanoGPT's mean final loss and mean wall time).
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT                  # 5 seeds, 300 updates
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --ours-flags "--windows random"
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --arms nanogpt --seeds 0,1,2 \\
-        --nanogpt-flags=--learning_rate=3e-3 --json nanogpt_lr3e-3.json              # nanoGPT's LR sweep
+        --nanogpt-lr 3e-3 --json nanogpt_lr3e-3.json                                   # nanoGPT's LR sweep
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --steps 4 --warmup 1 --eval-every 2 \\
         --seeds 0 --val-num 8 --ours-flags "--torch-compile false" --wait-quiet 0      # smoke
 """
@@ -92,6 +93,9 @@ from gpt2forge.tools.machine_report import wait_for_quiet
 ROOT = Path(__file__).resolve().parent.parent
 NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
 TARGET_WALL_RATIO = 0.5  # ours' wall time to nanoGPT's final loss / nanoGPT's wall time
+NANOGPT_LR = 1.5e-3
+"""nanoGPT's best peak LR for `make train`'s job among 7.5e-4, 1.5e-3, 2.1e-3 and 3e-3 (its sweep, 3 seeds each:
+docs/benchmarks.md, learning per second against nanoGPT); TRAIN_ARGS' own LR is ours' (Muon's)."""
 TARGET_FINAL_LEAD = -0.1  # ours minus nanoGPT, held-out loss at the last update (mean over seeds, paired)
 OURS_VALIDATION = re.compile(r"validation after step (\d+): loss ([0-9.]+)")
 NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([0-9.]+), val loss ([0-9.]+)")
@@ -128,6 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Hugging Face GPT-2 config.json of the model both arms train")
     p.add_argument("--nanogpt-vocab-size", type=int, default=50304,
                    help="nanoGPT's vocabulary (meta.pkl): 50304 its default, 50257 the classes of ours")
+    p.add_argument("--nanogpt-lr", type=float, default=NANOGPT_LR,
+                   help="nanoGPT's peak learning rate (default: the best of its own sweep at make train's shape)")
     p.add_argument("--ours-flags", default="", help="extra train_gpt2.py flags for ours (ablations)")
     p.add_argument("--nanogpt-flags", default="", help="extra --key=value overrides for nanoGPT's train.py")
     p.add_argument("--wait-quiet", type=float, default=120.0,
@@ -143,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SAME_PEER = ("steps", "warmup", "eval_every", "val_num", "corpus", "model_config", "nanogpt_vocab_size",
+SAME_PEER = ("steps", "warmup", "eval_every", "val_num", "corpus", "model_config", "nanogpt_vocab_size", "nanogpt_lr",
              "nanogpt_flags")
 """The arguments an earlier run's nanoGPT arm must share for --nanogpt-runs to reuse it."""
 
@@ -205,7 +211,7 @@ def nanogpt_settings(args: argparse.Namespace) -> dict[str, object]:
         "n_embd": int(model["n_embd"]), "block_size": int(train_flag("--max-len")), "bias": True,
         "dropout": dropouts.pop(), "batch_size": batch,
         "gradient_accumulation_steps": int(train_flag("--gradient-accumulation")), "max_iters": args.steps,
-        "learning_rate": ours("--learning-rate"), "weight_decay": ours("--weight-decay"),
+        "learning_rate": args.nanogpt_lr, "weight_decay": ours("--weight-decay"),
         "beta1": ours("--adam-beta1"), "beta2": ours("--adam-beta2"), "grad_clip": ours("--max-grad-norm"),
         "decay_lr": True, "warmup_iters": args.warmup, "lr_decay_iters": args.steps, "min_lr": ours("--min-lr"),
         "eval_interval": args.eval_every, "eval_iters": -(-args.val_num // batch), "log_interval": 1,

@@ -7,7 +7,9 @@ updates, weight decay 0.1 on matrices, clip 1.0, eps 1e-8), and are scored on th
 windows every `--eval-every` updates (token-weighted mean loss):
 
   ours     `train_gpt2.py` with the Makefile's TRAIN_ARGS (`--torch-compile true`, the fused LM head
-           + loss, fused AdamW), `--seed S`, plus `--ours-flags` (for ablations)
+           + loss; its optimizer: Muon for the blocks' matrices and AdamW for the rest since issue 53,
+           so `--ours-flags "--optimizer AdamW --learning-rate 1.5e-3"` compares the Trainer's own
+           optimizer), `--seed S`, plus `--ours-flags` (for ablations)
   trainer  `transformers.Trainer` on `GPT2LMHeadModel(GPT2Config(config_mini.json))` seeded with S,
            `TrainingArguments` with the same settings, the windows from our pickle reader
            (`--trainer-windows`: the reference's per-document windows unless told otherwise), the
