@@ -275,7 +275,10 @@ class MuonAdamW(torch.optim.Optimizer):
         if not params:
             return
         grads = [p.grad for p in params]
-        buffers = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad)) for p in params]
+        for p in params:
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+        buffers = [self.state[p]["momentum_buffer"] for p in params]
         torch._foreach_lerp_(buffers, grads, 1 - group["momentum"])
         updates = torch._foreach_lerp(grads, buffers, group["momentum"]) if group["nesterov"] else buffers
         lr = group["lr"]
