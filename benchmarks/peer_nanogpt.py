@@ -128,6 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=int(train_flag("--eval-every-steps")),
                    help="score the held-out windows every N updates (a divisor of --steps)")
     p.add_argument("--val-num", type=int, default=int(train_flag("--val-num")), help="held-out windows")
+    p.add_argument("--max-len", type=int, default=int(train_flag("--max-len")),
+                   help="tokens of context of both arms (ours' --max-len and --stride, nanoGPT's block_size)")
+    p.add_argument("--batch-size", type=int, default=int(train_flag("--batch-size")),
+                   help="windows per update of both arms (ours' --batch-size, nanoGPT's batch_size)")
     p.add_argument("--corpus", default=str(ROOT / "build" / "stdlib_docs.pkl"), help="token-id pickle")
     p.add_argument("--model-config", default=str(ROOT / "config" / "config_mini.json"),
                    help="Hugging Face GPT-2 config.json of the model both arms train")
@@ -150,8 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-SAME_PEER = ("steps", "warmup", "eval_every", "val_num", "corpus", "model_config", "nanogpt_vocab_size", "nanogpt_lr",
-             "nanogpt_flags")
+SAME_PEER = ("steps", "warmup", "eval_every", "val_num", "max_len", "batch_size", "corpus", "model_config",
+             "nanogpt_vocab_size", "nanogpt_lr", "nanogpt_flags")
 """The arguments an earlier run's nanoGPT arm must share for --nanogpt-runs to reuse it."""
 
 
@@ -188,6 +192,11 @@ def usage_problem(args: argparse.Namespace) -> str | None:
 # ------------------------------------------------------------------------------- the nanoGPT arm
 
 
+def stride_for(args: argparse.Namespace) -> int:
+    """TRAIN_ARGS' --stride at its own --max-len, else --max-len: windows that do not overlap."""
+    return int(train_flag("--stride")) if args.max_len == int(train_flag("--max-len")) else args.max_len
+
+
 def nanogpt_settings(args: argparse.Namespace) -> dict[str, object]:
     """train.py's config keys for this benchmark: the model config's shape, TRAIN_ARGS' optimizer and
     schedule, ours' defaults for what TRAIN_ARGS leaves out. Values keep the types train.py declares."""
@@ -205,11 +214,11 @@ def nanogpt_settings(args: argparse.Namespace) -> dict[str, object]:
         raise SystemExit(f"error: {args.model_config}: nanoGPT has one dropout, the config has {sorted(dropouts)}")
     if ours("--adam-eps") != 1e-8:
         raise SystemExit("error: nanoGPT's AdamW has torch's eps 1e-8; TRAIN_ARGS asks for another")
-    batch = int(train_flag("--batch-size"))
+    batch = args.batch_size
     return {
         "dataset": Path(args.corpus).stem, "out_dir": "out", "device": "cpu", "dtype": "float32", "compile": False,
         "init_from": "scratch", "wandb_log": False, "n_layer": int(model["n_layer"]), "n_head": int(model["n_head"]),
-        "n_embd": int(model["n_embd"]), "block_size": int(train_flag("--max-len")), "bias": True,
+        "n_embd": int(model["n_embd"]), "block_size": args.max_len, "bias": True,
         "dropout": dropouts.pop(), "batch_size": batch,
         "gradient_accumulation_steps": int(train_flag("--gradient-accumulation")), "max_iters": args.steps,
         "learning_rate": args.nanogpt_lr, "weight_decay": ours("--weight-decay"),
@@ -232,7 +241,7 @@ def write_nanogpt_folder(folder: Path, seed: int, args: argparse.Namespace):
 
     from gpt2forge.data import DataRequest, load_datasets
 
-    max_len, stride = int(train_flag("--max-len")), int(train_flag("--stride"))
+    max_len, stride = args.max_len, stride_for(args)
     vocab = int(json.loads(Path(args.model_config).read_text())["vocab_size"])
     data = load_datasets(DataRequest("pickle", (args.corpus,), max_len, vocab, seed, stride=stride,
                                      val_num=args.val_num, windows="packed"))
@@ -316,6 +325,7 @@ def run_ours(seed: int, args: argparse.Namespace, tmp: Path) -> dict:
     metrics = tmp / f"metrics_{seed}.jsonl"
     flags = with_flags(make_train_args(), {
         "--input-files": args.corpus, "--model-config": args.model_config, "--seed": str(seed),
+        "--max-len": str(args.max_len), "--stride": str(stride_for(args)), "--batch-size": str(args.batch_size),
         "--training-steps": str(args.steps), "--lr-warmup-steps": str(args.warmup),
         "--eval-every-steps": str(args.eval_every), "--val-num": str(args.val_num),
         "--checkpoint-output-dir": str(tmp / f"ours_{seed}"), "--save-per-steps": str(args.eval_every),
