@@ -1,0 +1,534 @@
+"""Every name that README.md and docs/ give a reader resolves: a repository path exists, a module of the
+package (`gpt2forge.train.optim`, `train/optim.py`, `train.step.train_step`) and the name inside it are
+defined, a flag given to one of our commands is in that command's parser, a `make` target is in the
+Makefile. A rename that leaves the prose behind fails here, naming the document and line.
+
+Read from the Markdown: backticked spans and link targets in the prose, and the commands of the fenced
+blocks. Not checked, by rule:
+  - what a reader brings or a run writes: a path whose first folder is not the repository's
+    (`checkpoints/mini/`, `corpus/`, a folder .gitignore lists), `my-...`/`your-...` files, the
+    arguments of a command (`--input raw.jsonl`), placeholders (`step_N/`, `<dir>`, `$OUT`, `--flag`);
+  - other tools' names: a script that is not in the tree (nanoGPT's `train.py`), a launcher's flags (those
+    before the script: `torchrun --nproc-per-node 4 train_gpt2.py`), a flag that none of our commands
+    has in a paragraph, list item or table row that names the tool it belongs to (`FOREIGN_TOOLS`),
+    another tool's config key that a front end reads (`parallel.tensor.size`).
+A flag alone in the prose must be in one of our commands' parsers; a flag in a command line, in that
+command's parser. tests/test_paths.py checks the paths that comments and docstrings name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import functools
+import io
+import json
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib.machinery import PathFinder
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "gpt2forge"
+DOCS = ("README.md", "docs/**/*.md")
+
+GENERATED = {line.strip("/") for line in (ROOT / ".gitignore").read_text().split() if re.fullmatch(r"/?[\w.-]+/", line)}
+"""Top-level folders that commands write (build/, checkpoints/, runs/): named in the docs, absent from a clone."""
+REPOSITORY = {p.name for p in ROOT.iterdir() if p.name not in GENERATED and not p.name.endswith(".egg-info")}
+SUBPACKAGES = {p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py") if p.parent != PACKAGE}
+"""`train`, `train/metrics`, ...: a path that starts with one is a path inside the package."""
+PACKAGE_HEADS = {s.split("/")[0] for s in SUBPACKAGES} | {s.split("/")[-1] for s in SUBPACKAGES}
+"""The first word of a dotted name from inside the package: `train.step.train_step`, `metrics.lines.StepReport`."""
+
+PLACEHOLDER = re.compile(r"[<>$]|\.\.\.|(^|[/_.-])([A-Z][A-Z0-9_]*|N|M|K)($|[/_.{-])")
+"""`<dir>`, `$OUT`, `...`, `step_N/`, `PREFIX_text_document.bin`: a name the reader fills in."""
+WRITTEN_BY_USERS = re.compile(r"(^|/)(my[-_]|your[-_]|example[-_./]|out/)")
+"""A file that an example command writes or the reader brings (`data/my-gpt2`)."""
+PLACEHOLDER_FLAGS = {"--flag"}
+"""training.md's `--flag`, `--flag True`: how any switch is written."""
+FILE_SUFFIXES = {"py", "json", "safetensors", "bin", "idx", "txt", "md", "pkl", "jsonl", "yaml", "yml", "tokens",
+                 "raw", "npy", "npz", "pt", "cpp", "cu", "h", "sh", "sbatch", "tar", "gz", "csv", "html", "png"}
+"""`model.safetensors`, `train.py`: a file's name, not a dotted module path."""
+FOREIGN_TOOLS = re.compile(r"torchrun|Slurm|nanoGPT|Megatron-LM")
+"""Tools whose own flags the docs give: in a paragraph that names one, a flag that none of our commands has
+is that tool's (torchrun's `--max-restarts`, a Megatron-LM run's `--disable-bias-linear`)."""
+
+FOREIGN_SCRIPTS = {"train.py", "run_clm_no_trainer.py"}
+"""Other tools' scripts that the docs name by file name: nanoGPT's train.py, Hugging Face's run_clm_no_trainer.py."""
+
+PYTHON = re.compile(r"^(python3?(\.\d+)?|\S*/bin/python3?)$")
+LAUNCHERS = {"time", "nice", "env", "exec", "srun", "torchrun", "bash", "sh", "deepspeed", "accelerate", "launch"}
+"""Words before a command's script: the flags among them are the launcher's."""
+FLAG = re.compile(r"--[A-Za-z][\w-]*")
+LISTING = re.compile(r"( *)((?:[\w-]+/|[\w-]+\.\w+)(?:,\s*(?:[\w-]+/|[\w-]+\.\w+))*)(?: {2,}\S.*)?")
+"""A line of a layout listing in a fenced block: a file or folder (or several, with commas), then two
+spaces and what it holds."""
+
+
+@dataclass(frozen=True)
+class Name:
+    """One name a document gives. kind: path, link (a Markdown link's target), module, file (a script's file
+    name), op (`gpt2forge::name`), command (a console script), flag or target (make's); script: the command
+    whose parser a flag must be in (None: any of ours); theirs: the flag's paragraph names another tool."""
+
+    doc: str
+    line: int
+    kind: str
+    text: str
+    script: str | None = None
+    theirs: bool = False
+
+    def __str__(self) -> str:
+        of = f" of {self.script}" if self.script else ""
+        return f"{self.doc}:{self.line}: {self.kind}{of} `{self.text}`"
+
+
+# -- reading a document ------------------------------------------------------------------------------------
+
+
+def names_in(markdown: str, doc: str) -> list[Name]:
+    """The names a Markdown text gives: backticked spans and link targets in its prose, paragraph by
+    paragraph (a list item and a table row are paragraphs of their own), and its fenced commands."""
+    found: list[Name] = []
+    unit: list[tuple[int, str]] = []
+    fence: list[tuple[int, str]] | None = None
+    for number, line in enumerate([*markdown.splitlines(), ""], 1):
+        if line.lstrip().startswith("```"):
+            if fence is not None:
+                found += _block_names(fence, doc)
+            fence = None if fence is not None else []
+            continue
+        if fence is not None:
+            fence.append((number, line))
+            continue
+        if not line.strip() or re.match(r"([-*] |\d+\. |\||#)", line):
+            found += _prose_names(unit, doc)
+            unit = []
+        if line.startswith("    ") and not unit:  # an indented code block: commands
+            found += _command_names(line, doc, number)
+        elif line.strip():
+            unit.append((number, line))
+    return found
+
+
+def _prose_names(unit: list[tuple[int, str]], doc: str) -> list[Name]:
+    theirs = bool(FOREIGN_TOOLS.search(" ".join(line for _, line in unit)))
+    found: list[Name] = []
+    for number, line in unit:
+        for span in re.findall(r"`([^`]+)`", line):
+            found += [Name(n.doc, n.line, n.kind, n.text, n.script, theirs and n.script is None)
+                      for n in _span_names(span.strip(), doc, number)]
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if not re.match(r"[a-z]+:|#", target):
+                found.append(Name(doc, number, "link", target.split("#")[0]))
+    return found
+
+
+def _block_names(block: list[tuple[int, str]], doc: str) -> list[Name]:
+    """The commands of a fenced block (a continued line, `\\` at its end, joined to the next) and the
+    entries of a layout listing (`gpt2forge/` above `  core/   errors, ...`: gpt2forge/core/)."""
+    found: list[Name] = []
+    pending, start = "", 0
+    folders: list[tuple[int, str]] = []  # (indent, path) of the listing's folders above this line
+    for number, line in block:
+        start = start or number
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        commands = _command_names(pending + line, doc, start)
+        found += commands
+        pending, start = "", 0
+        entry = LISTING.fullmatch(line.rstrip())
+        if commands or not entry:
+            continue
+        indent = len(entry.group(1))
+        folders = [f for f in folders if f[0] < indent]
+        for item in re.split(r",\s*", entry.group(2)):
+            path = (folders[-1][1] if folders else "") + item
+            if _is_ours(path):
+                found.append(Name(doc, number, "path", path))
+        if entry.group(2).endswith("/") and "," not in entry.group(2):
+            folders.append((indent, path))
+    return found
+
+
+def _span_names(span: str, doc: str, line: int) -> list[Name]:
+    """What one backticked span names: a command, flags, a path or a module (else nothing)."""
+    words = span.split()
+    if _is_command(words):
+        return _command_names(span, doc, line)
+    if FLAG.fullmatch(words[0].split("=")[0]):
+        return [Name(doc, line, "flag", w.split("=")[0]) for w in words if FLAG.fullmatch(w.split("=")[0])
+                and w.split("=")[0] not in PLACEHOLDER_FLAGS]
+    if len(words) > 1:
+        return []
+    span = re.sub(r"\(\S*\)$", "", span)  # `gpt2forge.core.capability.forced(...)`
+    if PLACEHOLDER.search(span) or WRITTEN_BY_USERS.search(span) or "://" in span:
+        return []
+    if re.fullmatch(r"gpt2forge::\w+", span):
+        return [Name(doc, line, "op", span)]
+    if "/" in span and span.split("/")[0] in REPOSITORY or span in REPOSITORY:
+        return [Name(doc, line, "path", span)]
+    dotted = re.fullmatch(r"((?:\w+/)*)(\w+(?:\.\w+)+)", span)
+    if dotted and dotted.group(2).split(".")[-1] not in FILE_SUFFIXES:  # `gpt2forge.x.y`, `train/step.train_step`
+        name = dotted.group(1).replace("/", ".") + dotted.group(2)
+        return [Name(doc, line, "module", name)] if name.split(".")[0] in PACKAGE_HEADS | {"gpt2forge"} else []
+    if re.fullmatch(r"[\w-]+\.(py|sh)", span) and span not in FOREIGN_SCRIPTS:
+        return [Name(doc, line, "file", span)]
+    return [Name(doc, line, "path", span)] if _is_ours(span) else []
+
+
+def _is_command(words: list[str]) -> bool:
+    first = words[0]
+    return bool(PYTHON.match(first) or first in ("make", "torchrun", "bash") or first.startswith("gpt2forge-")
+                or (len(words) > 1 and first.endswith((".py", ".sh")) and first not in FOREIGN_SCRIPTS))
+
+
+def _is_ours(path: str) -> bool:
+    """A path of the repository's tree: its first folder is the repository's, or it names a module or
+    subpackage from inside the package (`train/optim.py`, `train/metrics/`), or a top-level file."""
+    head, _, rest = path.partition("/")
+    if not rest and not path.endswith("/"):
+        return path in REPOSITORY
+    if head in REPOSITORY:
+        return True
+    return head in SUBPACKAGES and (path.endswith(".py") or path.rstrip("/") in SUBPACKAGES)
+
+
+def _command_names(command: str, doc: str, line: int) -> list[Name]:
+    """The names in one shell line: for each command in it (`&&`, `;`, `|`), its script (a path of ours),
+    `-m` module or console script and the flags given to it, or make's targets."""
+    command = re.sub(r"(^|\s)#.*", "", command)  # a comment
+    found: list[Name] = []
+    for part in re.split(r"&&|\|\||;|\|", command):
+        try:
+            words = shlex.split(part)
+        except ValueError:
+            words = part.split()
+        while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):  # VAR=value before the command
+            words = words[1:]
+        if words[:1] == ["make"]:
+            found += [Name(doc, line, "target", w) for w in words[1:] if re.fullmatch(r"[a-z][\w-]*", w)]
+            continue
+        script, rest = _script_of(words)
+        if script is None:
+            continue
+        if script.startswith("-m "):
+            found.append(Name(doc, line, "module", script[3:]))
+        else:
+            found.append(Name(doc, line, "command" if script.startswith("gpt2forge-") else "path", script))
+        found += [Name(doc, line, "flag", w.split("=")[0], script) for w in rest if FLAG.fullmatch(w.split("=")[0])]
+    return found
+
+
+def _script_of(words: list[str]) -> tuple[str | None, list[str]]:
+    """(the script of ours: a path, `-m gpt2forge...` or a console script; the words after it) of one
+    command, or (None, []) for another tool's command."""
+    for i, word in enumerate(words):
+        if word == "-m" and i + 1 < len(words):
+            module = words[i + 1]
+            return (f"-m {module}", words[i + 2:]) if module.split(".")[0] == "gpt2forge" else (None, [])
+        if word.startswith("gpt2forge-") and i == 0:
+            return word, words[1:]
+        if word.endswith((".py", ".sh")) and not word.startswith("-"):
+            if "/" not in word and word not in REPOSITORY and word not in FOREIGN_SCRIPTS:
+                word = _by_file_name(word) or word  # `kfac_step.py --components`: benchmarks/kfac_step.py
+            return (word, words[i + 1:]) if _is_ours(word) and not PLACEHOLDER.search(word) else (None, [])
+        launcher_value = i > 0 and FLAG.fullmatch(words[i - 1]) and not words[i - 1].startswith("--no")
+        if not (PYTHON.match(word) or word in LAUNCHERS or word.startswith("-") or launcher_value):
+            return None, []
+    return None, []
+
+
+@functools.cache
+def _files_by_name() -> dict[str, list[str]]:
+    """The tree's .py and .sh files by their file name (outside build outputs and the venv)."""
+    found: dict[str, list[str]] = {}
+    for top in sorted(REPOSITORY):
+        for p in sorted((ROOT / top).glob("**/*.[ps][yh]")) if (ROOT / top).is_dir() else [ROOT / top]:
+            if p.suffix in (".py", ".sh"):
+                found.setdefault(p.name, []).append(p.relative_to(ROOT).as_posix())
+    return found
+
+
+def _by_file_name(name: str) -> str | None:
+    """The one script of the tree with this file name (`kfac_step.py`: benchmarks/kfac_step.py), if one."""
+    paths = _files_by_name().get(name, [])
+    return paths[0] if len(paths) == 1 else None
+
+
+# -- resolving a name --------------------------------------------------------------------------------------
+
+
+def path_exists(text: str, doc: str) -> bool:
+    """A repository path (a glob or `{a,b}` matches something), one inside the package, or a link
+    relative to the document's folder."""
+    stem = text.rstrip("/")
+    braces = re.search(r"\{([^}]*)\}", stem)
+    variants = [stem[:braces.start()] + v + stem[braces.end():] for v in braces.group(1).split(",")] if braces \
+        else [stem]
+    bases = (ROOT, PACKAGE, (ROOT / doc).parent)
+    return all(any(next(base.glob(v), None) if "*" in v else (base / v).exists() for base in bases) for v in variants)
+
+
+def module_resolves(dotted: str) -> bool:
+    """`gpt2forge.a.b.name` or a name from inside the package (`train.step.train_step`): the modules are
+    found on disk without importing anything, then each remaining name is defined in the module's source
+    (a function, class, assignment or import; then a class's own). A name from inside the package that
+    is not a module path may be an object's attribute that the package sets (`model.fused_loss`) or
+    another tool's config key that a front end reads (`parallel.tensor.size`)."""
+    parts = dotted.split(".")
+    if parts[0] != "gpt2forge":
+        nested = [s for s in SUBPACKAGES if s.split("/")[-1] == parts[0]]
+        parts = ["gpt2forge", *(nested[0].split("/") if len(nested) == 1 else parts[:1]), *parts[1:]]
+        relative = True
+    else:
+        relative = False
+    spec, search, i = None, [str(ROOT)], 0
+    while i < len(parts):
+        found = PathFinder.find_spec(parts[i], search)
+        if found is None:
+            break
+        spec, i = found, i + 1
+        if not found.submodule_search_locations:
+            break
+        search = list(found.submodule_search_locations)
+    if i == len(parts) or spec is not None and _defines(Path(spec.origin), parts[i:]):
+        return True
+    if not relative:
+        return len(parts) == 2 and _ops_library_class(parts[1])
+    return dotted in _front_end_keys() or dotted.count(".") == 1 and _set_as_attribute(dotted.split(".")[1])
+
+
+def _defines(source: Path, names: list[str]) -> bool:
+    """`names[0]` is defined at the top of the module's source, `names[1]` in its body (a class's), ..."""
+    body = ast.parse(source.read_text()).body
+    for name in names:
+        match = None
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                match = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                match = next((node for t in targets if isinstance(t, ast.Name) and t.id == name), match)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                match = next((node for a in node.names if (a.asname or a.name.split(".")[0]) == name), match)
+        if match is None:
+            return False
+        body = getattr(match, "body", [])
+    return True
+
+
+def _ops_library_class(name: str) -> bool:
+    """`gpt2forge.DecodeModel`: a class that the custom ops library registers (custom_ops/*.cpp)."""
+    return any(re.search(rf'\.class_<[\w:]+>\("{name}"\)', p.read_text(errors="replace"))
+               for p in (ROOT / "custom_ops").glob("*.cpp"))
+
+
+def _ops_library_defines(op: str) -> bool:
+    """`gpt2forge::lm_head_ce`: an op that the custom ops library defines (custom_ops/*.cpp)."""
+    return any(re.search(rf'\.def\(\s*"{op}\b', p.read_text(errors="replace"))
+               for p in (ROOT / "custom_ops").glob("*.cpp"))
+
+
+@functools.cache
+def _front_end_keys() -> set[str]:
+    """String literals of the front ends (gpt2forge/frontends/): the other tools' config keys they read."""
+    return {node.value for p in (PACKAGE / "frontends").glob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+@functools.cache
+def _package_source() -> str:
+    return "\n".join(p.read_text() for p in PACKAGE.glob("**/*.py"))
+
+
+def _set_as_attribute(name: str) -> bool:
+    """`model.fused_loss`: the package sets `<object>.fused_loss = ...` somewhere."""
+    return re.search(rf"\w\.{re.escape(name)}\s*(:[^=\n]*)?=[^=]", _package_source()) is not None
+
+
+def make_targets() -> set[str]:
+    lines = re.findall(r"^([\w .-]+):(?!=)", (ROOT / "Makefile").read_text(), re.M)
+    return {target for line in lines for target in line.split()}
+
+
+# -- the commands' parsers ---------------------------------------------------------------------------------
+
+
+def our_commands() -> list[str]:
+    """Every command of the tree that may parse flags: the scripts of the top level, data/, tasks/, run/
+    and benchmarks/, the package's `python -m` modules and the console scripts."""
+    scripts = [p.relative_to(ROOT).as_posix() for pattern in ("*.py", "data/*.py", "tasks/*.py", "benchmarks/*.py")
+               for p in sorted(ROOT.glob(pattern))]
+    shells = [p.relative_to(ROOT).as_posix() for p in sorted(ROOT.glob("*/*.sh"))]
+    mains = [f"-m {p.parent.relative_to(ROOT).as_posix().replace('/', '.')}" for p in PACKAGE.glob("**/__main__.py")]
+    mains += [f"-m {p.relative_to(ROOT).with_suffix('').as_posix().replace('/', '.')}" for p in PACKAGE.glob("**/*.py")
+              if p.name != "__main__.py" and 'if __name__ == "__main__"' in p.read_text()]
+    consoles = re.findall(r"^(gpt2forge-[\w-]+) = ", (ROOT / "pyproject.toml").read_text(), re.M)
+    return scripts + shells + sorted(mains) + consoles
+
+
+@functools.cache
+def parsers() -> dict[str, list[str] | str]:
+    """Each of our commands, and the other scripts of the tree that the docs run (tests/fuzz/run.py) -> its
+    option strings, or why it has none. Python commands are run in one child process with argparse's
+    parse_args replaced by a capture (their imports and sys.path changes stay out of the suite); a shell
+    script's options are the `--x)` patterns of its `case` (and of what it sources)."""
+    commands = our_commands()
+    commands += sorted({n.script for n in doc_names() if n.script and n.script.endswith(".py")
+                        and (ROOT / n.script).is_file()} - set(commands))
+    python = [c for c in commands if not c.endswith(".sh")]
+    result = subprocess.run([sys.executable, __file__, *python], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    options = json.loads(result.stdout.splitlines()[-1])
+    for shell in (c for c in commands if c.endswith(".sh")):
+        text = (ROOT / shell).read_text()
+        text += "".join((ROOT / s).read_text() for s in re.findall(r"^\s*(?:source|\.) (\S+\.sh)", text, re.M)
+                        if (ROOT / s).is_file())
+        cases = re.findall(r"^\s*(--[\w-]+)(?:\|--[\w-]+)*\)", text, re.M)
+        options[shell] = cases or "a shell script without options of its own (its arguments are passed on)"
+    return options
+
+
+class _Captured(BaseException):
+    """Raised by the patched parse_args with the parser a command built (a BaseException: the commands'
+    handlers do not catch it)."""
+
+    def __init__(self, parser: argparse.ArgumentParser):
+        super().__init__()
+        self.parser = parser
+
+
+def _capture(self, *args, **kwargs):
+    raise _Captured(self)
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """A parser's option strings, its subcommands' included."""
+    found = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found |= {o for sub in action.choices.values() for o in _options(sub)}
+    return found
+
+
+def _options_of(command: str) -> list[str] | str:
+    """The option strings of the parser that `command` builds; run in the child process."""
+    argparse.ArgumentParser.parse_args = _capture
+    argparse.ArgumentParser.parse_known_args = _capture
+    sys.argv = [command]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            if command.startswith("-m "):
+                runpy.run_module(command[3:], run_name="__main__", alter_sys=True)
+            elif command.startswith("gpt2forge-"):
+                toml = (ROOT / "pyproject.toml").read_text()
+                module, function = re.search(rf'^{command} = "([\w.]+):(\w+)"', toml, re.M).groups()
+                getattr(__import__(module, fromlist=[function]), function)([])
+            else:
+                runpy.run_path(str(ROOT / command), run_name="__main__")
+    except _Captured as captured:
+        return sorted(_options(captured.parser))
+    except (Exception, SystemExit) as exc:
+        return f"stops before it parses flags ({type(exc).__name__}: {exc})"[:200]
+    return "parses no flags"
+
+
+# -- the check ---------------------------------------------------------------------------------------------
+
+
+def stale(names: list[Name]) -> list[str]:
+    """The names that do not resolve, each as `doc:line: kind `text`` (and why, for a flag)."""
+    options = parsers()
+    ours = {o for opts in options.values() if isinstance(opts, list) for o in opts}
+    targets = make_targets()
+    out = []
+    for n in names:
+        why = ""
+        if n.kind in ("path", "link"):
+            ok = path_exists(n.text, n.doc)
+        elif n.kind == "module":
+            ok = module_resolves(n.text)
+        elif n.kind == "target":
+            ok = n.text in targets
+        elif n.kind == "file":
+            ok = n.text in _files_by_name()
+        elif n.kind == "op":
+            ok = _ops_library_defines(n.text.split("::")[1])
+        elif n.kind == "command":
+            ok = n.text in options
+        elif n.script:
+            opts = options.get(n.script, "not a command of this repository")
+            ok = n.text in opts if isinstance(opts, list) else opts.startswith("a shell script")
+            why = f" ({opts})" if isinstance(opts, str) else ""
+        else:
+            ok = n.text in ours or n.theirs
+        if not ok:
+            out.append(f"{n}{why}")
+    return out
+
+
+@functools.cache
+def doc_names() -> tuple[Name, ...]:
+    return tuple(n for pattern in DOCS for doc in sorted(ROOT.glob(pattern))
+                 for n in names_in(doc.read_text(), doc.relative_to(ROOT).as_posix()))
+
+
+def test_every_name_in_the_docs_resolves():
+    found = stale(list(doc_names()))
+    assert not found, "names in the docs that are not in the tree, the package or the parsers (renamed?):\n" + \
+        "\n".join(found)
+
+
+SAMPLE = """
+The optimizers are built in `gpt2forge.train.optim` (`train/optim.py`: `train.optim.build_optimizer`);
+`python -m gpt2forge.tools.plot` draws the metrics. `--lm-loss fused` and `make train` as documented;
+runs land in `checkpoints/mini/` and `step_N/`.
+
+nanoGPT's `train.py --compile=False` and its `--init_from` are its own.
+
+```
+torchrun --standalone --nproc_per_node 2 train_gpt2.py --model gpt2 --input-files my-corpus.json
+python data/preprocess_data.py --input corpus.jsonl --output-prefix data/my-gpt2 --append-eod
+```
+
+```
+gpt2forge/
+  train/       the loop
+  cli.py       console entry points
+```
+"""
+"""A document that names a module four ways, a folder in a layout listing, a flag, a target and the
+things that are not checked (a run's folders, a placeholder, another tool's script and a launcher's
+flags, a user's files)."""
+
+
+def test_the_check_fails_when_a_named_module_is_renamed():
+    assert stale(names_in(SAMPLE, "docs/sample.md")) == []
+    renamed = re.sub(r"\boptim\b", "optimizers", SAMPLE).replace("tools.plot", "tools.plots").replace(
+        "train/ ", "trainer/")
+    assert stale(names_in(renamed, "docs/sample.md")) == [
+        "docs/sample.md:2: module `gpt2forge.train.optimizers`",
+        "docs/sample.md:2: path `train/optimizers.py`",
+        "docs/sample.md:2: module `train.optimizers.build_optimizer`",
+        "docs/sample.md:3: module `gpt2forge.tools.plots`",
+        "docs/sample.md:15: path `gpt2forge/trainer/`",
+    ]
+    flags = SAMPLE.replace("--lm-loss", "--lm-losses").replace("--append-eod", "--append-end").replace(
+        "make train", "make training")
+    assert stale(names_in(flags, "docs/sample.md")) == [
+        "docs/sample.md:3: flag `--lm-losses`",
+        "docs/sample.md:3: target `training`",
+        "docs/sample.md:10: flag of data/preprocess_data.py `--append-end`",
+    ]
+
+
+if __name__ == "__main__":  # the child process of `parsers`
+    print(json.dumps({command: _options_of(command) for command in sys.argv[1:]}))
