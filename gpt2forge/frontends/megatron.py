@@ -1,7 +1,7 @@
 """Megatron-LM / Megatron-DeepSpeed command lines -> TrainConfig: `pretrain_gpt.py` and the older
 `pretrain_gpt2.py` take their users' flags and run the one trainer.
 
-`FLAGS` is the whole mapping, one `front_end.Flag` row per Megatron flag in Megatron's `--help`
+`FLAGS` is the whole mapping, one `flag_table.Flag` row per Megatron flag in Megatron's `--help`
 groups: a TrainConfig field, a rule (batch sizes, the precision, checkpoint loading) or `Refused`.
 Megatron's defaults that differ from this trainer's are applied first (`MEGATRON_DEFAULTS`), so an
 omitted flag means what it means in Megatron (no warm-up, linear decay, weight decay 0.01, clip 1.0,

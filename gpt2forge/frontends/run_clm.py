@@ -1,7 +1,7 @@
 """Hugging Face run_clm command lines -> TrainConfig: `train_clm.py` takes the flags of transformers'
 `run_clm_no_trainer.py` (and seed 002's K-FAC additions) and runs the one trainer.
 
-`FLAGS` is the whole mapping, one `front_end.Flag` row per run_clm flag: a TrainConfig field, a
+`FLAGS` is the whole mapping, one `flag_table.Flag` row per run_clm flag: a TrainConfig field, a
 rule, or `Refused` (one line, exit 2). run_clm's defaults are applied first (`CLM_DEFAULTS`: 3
 epochs, learning rate 5e-5, linear decay to 0 without warm-up, 8 sequences per device, no weight
 decay, no clipping), so an omitted flag means what it means there. What the flags become:

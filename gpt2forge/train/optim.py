@@ -23,7 +23,9 @@ The reference's PopTorch AdamW ran with `bias_correction=False`; torch's AdamW a
 bias. The two differ early in training only: the correction fades over ~1/(1-beta2) = 1000 updates.
 
 Weight decay applies to parameters with two or more dimensions only; biases and LayerNorm
-parameters are never decayed. There is no gradient clipping (the reference has none).
+parameters are never decayed. Gradient clipping is not the optimizer's: `--max-grad-norm` clips the
+global gradient norm before the update (gpt2forge.train.step, through the strategy's `clip_grad_norm`);
+off by default, as in the reference (Megatron's front end sets Megatron's 1.0).
 
 Where the update runs on the host (`--optimizer-state-offchip`: one process, DDP, ZeRO-1 shards,
 FSDP2 shards offloaded to the CPU), AdamW and LAMB use the C++ ops of gpt2forge.ops.host_optim
