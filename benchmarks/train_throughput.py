@@ -8,7 +8,8 @@ One training step = forward + loss + backward + optimizer update on one (B, T) b
                 the trainer's default LM loss (`--lm-loss auto`: the fused LM head + loss on the
                 CPU, the full logits on a GPU), summed loss / tokens
   transformers  `transformers.GPT2LMHeadModel` (attn_implementation="sdpa"), eager, HF's own loss
-                via `labels=`, `torch.optim.AdamW` with its default implementation flags
+                via `labels=`, `torch.optim.AdamW` with its default implementation flags (with
+                `--transformers-compiled`, the GPU peer: torch.compile and fused AdamW)
 
 Both start from the same seeded weights (ours, copied into HF's layout) and train on the same
 random batch, with the same GPT-2 math (gelu_new, dropout 0.1 as in HF's GPT2Config defaults);
@@ -20,14 +21,15 @@ address space on Linux, else ru_maxrss; ru_maxrss alone would include the parent
 started from), on CUDA torch.cuda.max_memory_allocated. The parent runs the warm-up steps (the
 first includes torch.compile; reported separately, never timed) one worker at a time, then the
 timed steps interleaved ours, transformers, ours, ... so background load hits both alike.
-tokens/s = B*T / median step time. MFU uses ModelConfig.flops_per_token(T) and the device's
-peak: on a GPU its data sheet's (metrics.device_peak); on a CPU the best of this run's matmul reads
-(a 1024^3 matmul in the precision, never below fp32's), one before the warm-up and one after each
-interleaved round, so the peak is read under the same conditions as the steps (the issue's "peak
-measured in the same run"). The best this machine has ever read (kept across runs in
-~/.cache/gpt2forge/cpu_peak.json) is reported next to it: a stricter bar, since a VM's clock and
-neighbours move its reads by 20% from run to run. The targets are ratios (STYLE.md: targets are checked by side-by-side
-benchmarks, never by timed tests); missing it is reported, not an error.
+tokens/s = B*T / median step time. MFU uses ModelConfig.flops_per_token(T) and the best of this
+run's matmul peak reads, one before the warm-up and one after each interleaved round, so the peak is
+read under the same conditions as the steps (the issue's "peak measured in the same run"): on a CPU a
+1024^3 matmul in the precision, never below fp32's; on a GPU the trainer's own read
+(`read_gpu_peak`). MFU* is the same against a fixed bar: on a CPU the best this machine has ever
+read (kept across runs in ~/.cache/gpt2forge/cpu_peak.json; stricter, since a VM's clock and
+neighbours move its reads by 20% from run to run), on a GPU its data sheet's (metrics.device_peak:
+llm.c's and nanoGPT's basis, and the GPU MFU target's). The targets are ratios (STYLE.md: targets are
+checked by side-by-side benchmarks, never by timed tests); missing one is reported, not an error.
 
     .venv/bin/python benchmarks/train_throughput.py                      # B=4, T=256, fp32 + bf16
     # an AVX2-only x86 (no bf16 instructions) emulates bf16, orders of magnitude slower: skipped unless asked
