@@ -1,7 +1,8 @@
 """Every name that README.md and docs/ give a reader resolves: a repository path exists, a module of the
 package (`gpt2forge.train.optim`, `train/optim.py`, `train.step.train_step`) and the name inside it are
 defined, a flag given to one of our commands is in that command's parser, a `make` target is in the
-Makefile. A rename that leaves the prose behind fails here, naming the document and line.
+Makefile, a custom op (`gpt2forge::lm_head_ce`) is in custom_ops/, a link's file and heading exist.
+A rename that leaves the prose behind fails here, naming the document and line.
 
 Read from the Markdown: backticked spans and link targets in the prose, and the commands of the fenced
 blocks. Not checked, by rule:
@@ -124,8 +125,8 @@ def _prose_names(unit: list[tuple[int, str]], doc: str) -> list[Name]:
             found += [Name(n.doc, n.line, n.kind, n.text, n.script, theirs and n.script is None)
                       for n in _span_names(span.strip(), doc, number)]
         for target in re.findall(r"\]\(([^)\s]+)\)", line):
-            if not re.match(r"[a-z]+:|#", target):
-                found.append(Name(doc, number, "link", target.split("#")[0]))
+            if not re.match(r"[a-z]+:", target):  # a web address
+                found.append(Name(doc, number, "link", target))
     return found
 
 
@@ -274,6 +275,32 @@ def path_exists(text: str, doc: str) -> bool:
         else [stem]
     bases = (ROOT, PACKAGE, (ROOT / doc).parent)
     return all(any(next(base.glob(v), None) if "*" in v else (base / v).exists() for base in bases) for v in variants)
+
+
+def link_resolves(target: str, doc: str) -> bool:
+    """A Markdown link: its file exists and, for `file.md#anchor` or `#anchor`, that file has the heading."""
+    file, _, anchor = target.partition("#")
+    if file and not path_exists(file, doc):
+        return False
+    page = (ROOT / doc).parent / file if file else ROOT / doc
+    return not anchor or page.suffix != ".md" or not page.is_file() or anchor in _anchors(page)
+
+
+@functools.cache
+def _anchors(page: Path) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub makes them: lower case, punctuation but `-` and
+    `_` dropped, spaces to `-`, a repeated heading's with `-1`, `-2`, ..."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}  # a heading's anchor -> how many times it came before
+    fenced = False
+    for line in page.read_text().splitlines():
+        fenced = fenced != line.lstrip().startswith("```")
+        heading = None if fenced else re.match(r"#{1,6}\s+(.*?)[\s#]*$", line)
+        if heading:
+            anchor = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            anchors.add(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+            seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
 
 
 def module_resolves(dotted: str) -> bool:
@@ -452,8 +479,10 @@ def stale(names: list[Name]) -> list[str]:
     out = []
     for n in names:
         why = ""
-        if n.kind in ("path", "link"):
+        if n.kind == "path":
             ok = path_exists(n.text, n.doc)
+        elif n.kind == "link":
+            ok = link_resolves(n.text, n.doc)
         elif n.kind == "module":
             ok = module_resolves(n.text)
         elif n.kind == "target":
@@ -490,7 +519,7 @@ def test_every_name_in_the_docs_resolves():
 SAMPLE = """
 The optimizers are built in `gpt2forge.train.optim` (`train/optim.py`: `train.optim.build_optimizer`);
 `python -m gpt2forge.tools.plot` draws the metrics. `--lm-loss fused` and `make train` as documented;
-runs land in `checkpoints/mini/` and `step_N/`.
+runs land in `checkpoints/mini/` and `step_N/`; the flags: [training](docs/training.md#ipu-flags-on-cpus-and-gpus).
 
 nanoGPT's `train.py --compile=False` and its `--init_from` are its own.
 
@@ -522,11 +551,12 @@ def test_the_check_fails_when_a_named_module_is_renamed():
         "sample.md:15: path `gpt2forge/trainer/`",
     ]
     flags = SAMPLE.replace("--lm-loss", "--lm-losses").replace("--append-eod", "--append-end").replace(
-        "make train", "make training")
+        "make train", "make training").replace("#ipu-flags", "#ipu-options")
     script = "preprocess_data"
     assert stale(names_in(flags, "sample.md")) == [
         "sample.md:3: flag `--lm-losses`",
         "sample.md:3: target `training`",
+        "sample.md:4: link `docs/training.md#ipu-options-on-cpus-and-gpus`",
         f"sample.md:10: flag of data/{script}.py `--append-end`",
     ]
 
