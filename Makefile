@@ -33,7 +33,7 @@ TRAIN_ARGS ?= --model-config config/config_mini.json --dataset pickle --input-fi
 	--num-workers 0 --log-steps 20 --eval-every-steps 150 \
 	--checkpoint-output-dir $(CKPT_DIR) --save-per-steps 150 --sample-tokens 60 --sample-prompt "The module"
 
-.PHONY: all custom_ops setup train lint test test-fast chaos fuzz bench eval-data clean distclean
+.PHONY: all custom_ops setup train lint test test-fast chaos fuzz bench class-check eval-data clean distclean
 
 all: custom_ops
 
@@ -100,6 +100,13 @@ BENCH      ?= cpu
 BENCH_ARGS ?=
 bench: setup
 	$(PY) -m gpt2forge.benchmark_runner --spec benchmarks.yml --benchmark $(BENCH) $(BENCH_ARGS)
+
+# This CPU's class (from its flags) checked in minutes: decode against the same-run bandwidth floor, training against
+# transformers, the fused LM-head op against the plain one; the record goes to build/class_check.jsonl and the output says
+# which of docs/benchmarks.md's figures for the class it contradicts (benchmarks/class_check.py; about 6 minutes on 2 cores).
+# make class-check CLASS_CHECK_ARGS="--checks decode --wait-quiet 120"
+class-check: setup
+	$(PY) benchmarks/class_check.py $(CLASS_CHECK_ARGS)
 
 clean:
 	test -x $(PY) && $(PY) -m gpt2forge.ops.build clean --out-dir $(OPS_DIR) || rm -f $(OPS_LIB)
