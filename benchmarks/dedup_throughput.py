@@ -34,9 +34,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
-BOILERPLATE = ("Subscribe to our newsletter for the latest stories. Share this article with your friends. "
-               "All rights reserved. Read more about our privacy policy and terms of use.")
+from web_corpus import replace_words, with_header_footer  # noqa: E402  (the copies web_corpus.py plants too)
 
 
 def planted_corpus(n_distinct: int, dup_fraction: float = 0.3, seed: int = 0) -> tuple[list[dict], list[list[str]]]:
@@ -56,11 +56,7 @@ def planted_corpus(n_distinct: int, dup_fraction: float = 0.3, seed: int = 0) ->
         return [vocab[i] for i in rng.choice(len(vocab), k, p=weights)]
 
     def edit(paragraphs: list[list[str]], fraction: float) -> list[list[str]]:
-        out = [list(p) for p in paragraphs]
-        for p in out:
-            for i in np.flatnonzero(rng.random(len(p)) < fraction):
-                p[i] = vocab[rng.integers(len(vocab))]
-        return out
+        return replace_words(rng, paragraphs, fraction, vocab)
 
     docs, groups = [], []
     for d in range(n_distinct):
@@ -75,7 +71,7 @@ def planted_corpus(n_distinct: int, dup_fraction: float = 0.3, seed: int = 0) ->
                 elif kind == 1:
                     copy = edit([paragraphs[i] for i in rng.permutation(len(paragraphs))], 0.01)
                 else:
-                    copy = [BOILERPLATE.split()] + paragraphs + [BOILERPLATE.split()[:12]]
+                    copy = with_header_footer(paragraphs)
                 group.append(f"doc{d}-copy{c}")
                 docs.append((group[-1], copy))
             groups.append(group)
