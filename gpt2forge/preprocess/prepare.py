@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import array
 import dataclasses
+import glob
 import json
 import os
 import time
@@ -50,6 +51,17 @@ def _signature(paths: list[Path]) -> dict:
         st = Path(p).stat()
         out[str(Path(p).resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     return out
+
+
+def remove_stale_temporaries(paths: list[Path]) -> None:
+    """Delete the temporary siblings of `paths` that a killed run left: `.<name>.tmp-<pid>`
+    (atomic_jsonl, the shuffle) and `.<name>.<random>.tmp` (write_atomic, the .bin/.idx writer).
+    SIGKILL runs no cleanup, so without this each killed stage would leave a copy of its output
+    behind, a corpus-sized file at scale. Hence one run per output folder at a time."""
+    for path in paths:
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.*"):
+            if tmp.name.endswith(".tmp") or ".tmp-" in tmp.name:
+                tmp.unlink(missing_ok=True)
 
 
 def _plain(obj) -> object:
@@ -93,6 +105,7 @@ class Manifest:
             return prev
         for later in STAGES[STAGES.index(name):]:  # they all re-run after this one: drop their old records
             self.stages.pop(later, None)
+        remove_stale_temporaries([*outputs, self.path])
         start = time.perf_counter()
         record = work()
         record.update(settings=settings, inputs=sig, seconds=round(time.perf_counter() - start, 3),
