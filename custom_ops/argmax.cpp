@@ -14,6 +14,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "isa.h"
 #include "pool.h"
 
 #include <cmath>
@@ -96,7 +97,7 @@ __attribute__((target("avx2"))) Best scan_avx2(const float* p, int64_t lo, int64
 
 Best scan(const float* p, int64_t lo, int64_t hi) {
 #ifdef GPT2FORGE_ARGMAX_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = isa_path() >= Isa::kAvx2 && __builtin_cpu_supports("avx2");
   if (avx2) return scan_avx2(p, lo, hi);
 #endif
   return scan_portable(p, lo, hi);

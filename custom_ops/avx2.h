@@ -3,7 +3,7 @@
 // AVX2 (and AVX-512) helpers shared by the kernels that have such a path (gemv.cpp,
 // decode_attention.cpp, decode_step.cpp). The library is built without -march=native, so such a
 // path is compiled with a target attribute and taken only where has_avx2_fma() (has_avx512f())
-// says the CPU has the instructions.
+// says the CPU has the instructions and isa_path() (isa.h: GPT2FORGE_OPS_ISA) allows the path.
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -11,15 +11,18 @@
 
 #include <c10/util/BFloat16.h>
 
+#include "isa.h"
+
 namespace gpt2forge {
 
 inline bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool yes =
+      isa_path() >= Isa::kAvx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
 }
 
 inline bool has_avx512f() {
-  static const bool yes = __builtin_cpu_supports("avx512f");
+  static const bool yes = isa_path() >= Isa::kAvx512 && __builtin_cpu_supports("avx512f");
   return yes;
 }
 

@@ -25,6 +25,7 @@
 
 #include "avx2.h"
 #include "decode_kernels.h"
+#include "isa.h"
 #include "pool.h"
 #include "vec_math.h"
 
@@ -117,27 +118,21 @@ template <typename T, typename O>
   }
 }
 
-// attend_one compiled for AVX2 and for baseline x86-64 (vec_math.h); with AVX2 a (row, head) takes
-// less time (measured: docs/benchmarks.md, Design measurements).
-#define GPT2FORGE_MULTIVERSION GPT2FORGE_TARGET_CLONES("avx2", "default")
-
-GPT2FORGE_MULTIVERSION
-void attend(const float* q, const float* k, const float* v, int64_t lo, int64_t hi, int64_t D, float scale,
-            float* scores, float* acc, float* out) {
-  attend_one(q, k, v, lo, hi, D, scale, scores, acc, out);
-}
-
-GPT2FORGE_MULTIVERSION
-void attend(const float* q, const c10::BFloat16* k, const c10::BFloat16* v, int64_t lo, int64_t hi, int64_t D,
-            float scale, float* scores, float* acc, c10::BFloat16* out) {
-  attend_one(q, k, v, lo, hi, D, scale, scores, acc, out);
-}
-
-GPT2FORGE_MULTIVERSION
-void attend(const float* q, const c10::BFloat16* k, const c10::BFloat16* v, int64_t lo, int64_t hi, int64_t D,
-            float scale, float* scores, float* acc, float* out) {
-  attend_one(q, k, v, lo, hi, D, scale, scores, acc, out);
-}
+// attend_one compiled for AVX2 and for baseline x86-64, called through the one isa_path() picks
+// (GPT2FORGE_ISA_CLONES_AVX2, isa.h); with AVX2 a (row, head) takes less time (measured:
+// docs/benchmarks.md, Design measurements).
+#define GPT2FORGE_ATTEND_ARGS (q, k, v, lo, hi, D, scale, scores, acc, out)
+GPT2FORGE_ISA_CLONES_AVX2(void, attend, (const float* q, const float* k, const float* v, int64_t lo, int64_t hi,
+                                         int64_t D, float scale, float* scores, float* acc, float* out),
+                          GPT2FORGE_ATTEND_ARGS, attend_one)
+GPT2FORGE_ISA_CLONES_AVX2(void, attend, (const float* q, const c10::BFloat16* k, const c10::BFloat16* v, int64_t lo,
+                                         int64_t hi, int64_t D, float scale, float* scores, float* acc,
+                                         c10::BFloat16* out),
+                          GPT2FORGE_ATTEND_ARGS, attend_one)
+GPT2FORGE_ISA_CLONES_AVX2(void, attend, (const float* q, const c10::BFloat16* k, const c10::BFloat16* v, int64_t lo,
+                                         int64_t hi, int64_t D, float scale, float* scores, float* acc, float* out),
+                          GPT2FORGE_ATTEND_ARGS, attend_one)
+#undef GPT2FORGE_ATTEND_ARGS
 
 #ifdef GPT2FORGE_AVX2
 // The head size of every GPT-2 (small to XL): one key, value or query row is 8 AVX2 registers.

@@ -1,6 +1,7 @@
 // The range kernels of host_optim.cpp: one AdamW or LAMB update of elements [begin, end) of one
 // tensor, in the portable, AVX2 and AVX-512 forms, and `kernels()`, which picks one form at run
-// time from the CPU's features. What they compute, and why this way: host_optim.cpp's header.
+// time from the CPU's features and isa_path() (isa.h: GPT2FORGE_OPS_ISA). What they compute, and
+// why this way: host_optim.cpp's header.
 // Included by host_optim.cpp only (everything here has internal linkage).
 
 #pragma once
@@ -13,6 +14,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+
+#include "isa.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -284,9 +287,10 @@ struct Kernels {
 const Kernels& kernels() {
   static const Kernels chosen = [] {
 #ifdef GPT2FORGE_HOST_OPTIM_X86
-    if (__builtin_cpu_supports("avx512f"))
+    if (isa_path() >= Isa::kAvx512 && __builtin_cpu_supports("avx512f"))
       return Kernels{adamw_range_Avx512, lamb_moments_range_Avx512, lamb_apply_range_Avx512, "avx512f"};
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (isa_path() >= Isa::kAvx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
       return Kernels{adamw_range_Avx2, lamb_moments_range_Avx2, lamb_apply_range_Avx2, "avx2"};
 #endif
     return Kernels{adamw_range_Scalar, lamb_moments_range_Scalar, lamb_apply_range_Scalar, "portable"};

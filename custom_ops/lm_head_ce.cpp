@@ -23,6 +23,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "isa.h"
 #include "vec_math.h"
 
 #include <algorithm>
@@ -36,13 +37,12 @@
 namespace gpt2forge {
 namespace {
 
-// The row loops are compiled for AVX-512, AVX2 and baseline x86-64 (vec_math.h).
-#define GPT2FORGE_MULTIVERSION GPT2FORGE_TARGET_CLONES("avx512f", "avx2", "default")
+// The row loops are compiled for AVX-512, AVX2 and baseline x86-64, each called through the one
+// isa_path() picks (GPT2FORGE_ISA_CLONES, isa.h).
 
 // The largest value of x, NaNs passed over (as std::max(m, x) does), in sixteen running maxima: GCC
 // left the `omp simd reduction(max)` form of this loop as one vmaxss chain (4 cycles a value).
-GPT2FORGE_MULTIVERSION
-float row_max(const float* x, int64_t n) {
+GPT2FORGE_ALWAYS_INLINE float row_max_body(const float* x, int64_t n) {
   constexpr float kLowest = -std::numeric_limits<float>::infinity();
   float lane[16];
   for (float& l : lane) l = kLowest;
@@ -54,10 +54,10 @@ float row_max(const float* x, int64_t n) {
   for (; i < n; ++i) m = std::max(m, x[i]);
   return m;
 }
+GPT2FORGE_ISA_CLONES(float, row_max, (const float* x, int64_t n), (x, n), row_max_body)
 
 // sum_i exp(x_i - shift); when `store`, x_i is replaced by exp(x_i - shift).
-GPT2FORGE_MULTIVERSION
-float exp_sum(float* x, int64_t n, float shift, bool store) {
+GPT2FORGE_ALWAYS_INLINE float exp_sum_body(float* x, int64_t n, float shift, bool store) {
   float s = 0.0f;
   if (store) {
 #pragma omp simd reduction(+ : s)
@@ -72,25 +72,27 @@ float exp_sum(float* x, int64_t n, float shift, bool store) {
   }
   return s;
 }
+GPT2FORGE_ISA_CLONES(float, exp_sum, (float* x, int64_t n, float shift, bool store), (x, n, shift, store),
+                     exp_sum_body)
 
-GPT2FORGE_MULTIVERSION
-void scale(float* x, int64_t n, float a) {
+GPT2FORGE_ALWAYS_INLINE void scale_body(float* x, int64_t n, float a) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
+GPT2FORGE_ISA_CLONES(void, scale, (float* x, int64_t n, float a), (x, n, a), scale_body)
 
 // out = x rounded to bf16 (as Tensor.to(torch.bfloat16) rounds). Through bf16_bits: a loop of
 // c10::BFloat16(float) conversions stays scalar (measured: docs/benchmarks.md, Design measurements).
-GPT2FORGE_MULTIVERSION
-void round_to_bf16(const float* x, c10::BFloat16* out, int64_t n) {
+GPT2FORGE_ALWAYS_INLINE void round_to_bf16_body(const float* x, c10::BFloat16* out, int64_t n) {
   uint16_t* bits = reinterpret_cast<uint16_t*>(out);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) bits[i] = bf16_bits(x[i]);
 }
+GPT2FORGE_ISA_CLONES(void, round_to_bf16, (const float* x, c10::BFloat16* out, int64_t n), (x, out, n),
+                     round_to_bf16_body)
 
 // y = x, or y += x with `add`: bf16 values widened to fp32 (exactly) on the way.
-GPT2FORGE_MULTIVERSION
-void widen_bf16(const c10::BFloat16* x, float* y, int64_t n, bool add) {
+GPT2FORGE_ALWAYS_INLINE void widen_bf16_body(const c10::BFloat16* x, float* y, int64_t n, bool add) {
   if (add) {
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] += static_cast<float>(x[i]);
@@ -99,6 +101,8 @@ void widen_bf16(const c10::BFloat16* x, float* y, int64_t n, bool add) {
     for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]);
   }
 }
+GPT2FORGE_ISA_CLONES(void, widen_bf16, (const c10::BFloat16* x, float* y, int64_t n, bool add), (x, y, n, add),
+                     widen_bf16_body)
 
 // First index of the maximum, as torch.argmax picks it.
 int64_t first_index_of(const float* x, int64_t n, float value) {

@@ -8,14 +8,6 @@
 #include <cmath>
 #include <cstdint>
 
-// Compiles a function once per listed instruction set ("avx2", "default", ...) and picks the clone
-// at load time: the library is built without -march=native so that it runs on every machine.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define GPT2FORGE_TARGET_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
-#else
-#define GPT2FORGE_TARGET_CLONES(...)
-#endif
-
 // Inlined into every caller, whatever the compiler's size budget for the file: called per element
 // from vectorized loops, an out-of-line call (through the PLT, the library being -fPIC) keeps the
 // loop scalar. GCC's heuristics once stopped inlining exp_nonpositive when lm_head_ce.cpp grew.

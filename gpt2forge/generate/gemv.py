@@ -78,8 +78,10 @@ def lane_choices() -> tuple[int, ...]:
     """The vector lanes the kernel's loops can take here: 8 (AVX2), and 16 (AVX-512) where the CPU
     has it. With several rows of x the loops are bound by their instructions, not by memory, and
     wider ones may be faster (gpt2forge.generate.generator measures); results differ in the last bits
-    between the two (each reduces a row in its own order)."""
-    return (8, 16) if torch.backends.cpu.get_cpu_capability() == "AVX512" and kernel_available() else (8,)
+    between the two (each reduces a row in its own order). Not 16 where $GPT2FORGE_OPS_ISA holds the
+    kernels below AVX-512."""
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512" and kernel_available()
+    return (8, 16) if avx512 and custom_ops.ops_isa() in (None, "avx512") else (8,)
 
 
 def gemv_lanes(n: int) -> contextlib.AbstractContextManager:

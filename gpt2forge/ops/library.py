@@ -6,6 +6,10 @@ registers its ops as `torch.ops.gpt2forge.<name>`. `load_custom_ops()` is the on
 has a pure-PyTorch reference with the same argument checks: it is the fallback when the library is
 not built (a one-line notice says so) and the oracle of the op's parity test in
 tests/ops/test_custom_ops.py. Loading never needs a compiler: the toolchain lives in `build`.
+
+The kernels with AVX2 or AVX-512 forms take the widest their CPU runs; `GPT2FORGE_OPS_ISA` (`ISA_ENV`:
+scalar, avx2 or avx512, read once per process) forces one path, and a path the CPU cannot run is
+refused at load (`ops_isa()` says which path is taken; tests/ops/test_isa_paths.py runs each).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LIBRARY_NAME = "gpt2forge_ops.so"
 LIBRARY_ENV = "GPT2FORGE_OPS_LIB"
 DEFAULT_VENV = ".venv"  # the Makefile's VENV
+ISA_ENV = "GPT2FORGE_OPS_ISA"
+ISA_PATHS = ("scalar", "avx2", "avx512")
+"""The values ISA_ENV takes (custom_ops/isa.h): unset, the widest path this CPU runs."""
 
 NOT_BUILT_NOTICE = (
     "custom ops library not built (run `make`); using the PyTorch reference implementations"
@@ -67,22 +74,29 @@ def load_custom_ops() -> bool:
     Returns False, after one notice line on stderr, when the library is absent or fails to load
     (e.g. built against another torch); callers then use the PyTorch references. Tests reset the
     cached answer with `load_custom_ops.cache_clear()`.
+
+    Raises ValueError, in one line naming the variable and the CPU's features, when $GPT2FORGE_OPS_ISA
+    asks for a path this CPU cannot run or is not a path (never another path instead), or is set for
+    a library that predates it.
     """
     path = library_path()
     if not path.is_file():
         _notice(NOT_BUILT_NOTICE)
         return False
-    if _ops_registered():
-        return True
-    try:
-        torch.ops.load_library(str(path))
-    except (OSError, RuntimeError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        _notice(
-            f"custom ops library {path} failed to load ({reason}); using the PyTorch reference "
-            "implementations (rebuild it with `make clean && make`)"
-        )
-        return False
+    if not _ops_registered():
+        try:
+            torch.ops.load_library(str(path))
+        except (OSError, RuntimeError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            _notice(
+                f"custom ops library {path} failed to load ({reason}); using the PyTorch reference "
+                "implementations (rebuild it with `make clean && make`)"
+            )
+            return False
+    if hasattr(torch.ops.gpt2forge, "ops_isa"):
+        torch.ops.gpt2forge.ops_isa()  # the library reads ISA_ENV here, once, and raises ValueError for a bad one
+    elif os.environ.get(ISA_ENV):
+        raise ValueError(f"{ISA_ENV} is set, but the custom ops library {path} predates it: rebuild it with `make`")
     return True
 
 
@@ -90,6 +104,12 @@ def has_op(name: str) -> bool:
     """Whether the library is loaded (load_custom_ops) and registers `torch.ops.gpt2forge.<name>`:
     a library built from older sources may lack a newer op."""
     return load_custom_ops() and hasattr(torch.ops.gpt2forge, name)
+
+
+def ops_isa() -> str | None:
+    """The instruction-set path the library's kernels take, one of ISA_PATHS ($GPT2FORGE_OPS_ISA,
+    else the widest this CPU runs); None when the library is not loaded or predates the choice."""
+    return torch.ops.gpt2forge.ops_isa() if has_op("ops_isa") else None
 
 
 def build_info() -> str | None:
