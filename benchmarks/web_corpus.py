@@ -124,6 +124,24 @@ class Truth:
         self.languages: list[str] = []
 
 
+class Reservoir:
+    """A uniform sample of at most RESERVOIR of the documents offered so far (algorithm R), as
+    entries [id, text, exact hashes of it and of its near copies made so far]."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng, self.entries, self.offered = rng, [], 0
+
+    def offer(self, i: int, text: str) -> None:
+        self.offered += 1
+        if len(self.entries) < RESERVOIR:
+            self.entries.append([i, text, set()])
+        elif (j := int(self.rng.integers(self.offered))) < RESERVOIR:
+            self.entries[j] = [i, text, set()]
+
+    def pick(self) -> list:
+        return self.entries[int(self.rng.integers(len(self.entries)))]
+
+
 class WebCorpus:
     """Draws documents one at a time (`document(i)`), recording each in `truth`."""
 
@@ -136,11 +154,8 @@ class WebCorpus:
         mix = {k: p for k, p in MIX.items() if k != "contaminated" or self.passages}
         self.kinds = ["distinct", *mix]
         self.probs = np.array([1 - sum(mix.values()), *mix.values()])
-        # [id, text, exact hashes of it and its near copies] of distinct documents, uniform over all so
-        # far; `dashed`: those holding an em dash.
-        self.reservoir: list[list] = []
-        self.dashed: list[list] = []
-        self.seen = 0
+        self.reservoir = Reservoir(self.rng)  # distinct documents, to copy
+        self.dashed = Reservoir(self.rng)     # those of them holding an em dash, for mojibake
         self.truth = Truth()
 
     def length(self, low: int = MIN_CHARS, high: int = MAX_CHARS) -> int:
@@ -165,7 +180,7 @@ class WebCorpus:
 
     def document(self, i: int) -> dict:
         kind = self.kinds[int(self.rng.choice(len(self.kinds), p=self.probs))]
-        if kind in ("exact_duplicate", "near_duplicate") and not self.reservoir:
+        if kind in ("exact_duplicate", "near_duplicate") and not self.reservoir.entries:
             kind = "distinct"
         text = getattr(self, kind)(i)
         self.truth.planted[kind].append(i)
@@ -174,18 +189,10 @@ class WebCorpus:
     def distinct(self, i: int) -> str:
         dashed = self.rng.random() < 0.3
         text = "\n\n".join(self.prose(self.length(), dashed))
-        self.remember(self.reservoir, i, text)
+        self.reservoir.offer(i, text)
         if dashed:
-            self.remember(self.dashed, i, text)
-        self.seen += 1
+            self.dashed.offer(i, text)
         return text
-
-    def remember(self, reservoir: list, i: int, text: str) -> None:
-        """Reservoir sampling: every distinct document so far is held with the same probability."""
-        if len(reservoir) < RESERVOIR:
-            reservoir.append([i, text, set()])
-        elif (j := int(self.rng.integers(self.seen + 1))) < RESERVOIR:
-            reservoir[j] = [i, text, set()]
 
     def unique(self, entry: list, copy: str) -> str:
         """`copy` with a word appended until it differs, after normalizing, from its original and the
@@ -224,12 +231,12 @@ class WebCorpus:
 
     def exact_duplicate(self, i: int) -> str:
         how = ("identical", "case_space", "mojibake")[int(self.rng.integers(3))]
-        of, text, _ = self.reservoir[int(self.rng.integers(len(self.reservoir)))]
+        mojibake = how == "mojibake" and self.dashed.entries  # needs a non-ASCII character to mangle
+        of, text, _ = (self.dashed if mojibake else self.reservoir).pick()
         copy = text
-        if how == "mojibake" and self.dashed:
+        if mojibake:
             import ftfy
             import ftfy.bad_codecs  # noqa: F401  (registers sloppy-windows-1252)
-            of, text, _ = self.dashed[int(self.rng.integers(len(self.dashed)))]
             copy = text.encode("utf-8").decode("sloppy-windows-1252")
             if exact_hash(ftfy.fix_text(copy)) != exact_hash(ftfy.fix_text(text)):
                 copy = text
@@ -244,7 +251,7 @@ class WebCorpus:
 
     def near_duplicate(self, i: int) -> str:
         how = ("words", "words", "words", "reorder", "header_footer")[int(self.rng.integers(5))]
-        entry = self.reservoir[int(self.rng.integers(len(self.reservoir)))]
+        entry = self.reservoir.pick()
         of, text, _ = entry
         paragraphs = [p.split(" ") for p in text.split("\n\n")]
         base = shingle_hashes(text)
