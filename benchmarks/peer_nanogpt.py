@@ -63,6 +63,17 @@ nanoGPT's mean final loss and mean wall time).
         --nanogpt-lr 3e-3 --json nanogpt_lr3e-3.json                                   # nanoGPT's LR sweep
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --steps 4 --warmup 1 --eval-every 2 \\
         --seeds 0 --val-num 8 --ours-flags "--torch-compile false" --wait-quiet 0      # smoke
+
+A second job (docs/benchmarks.md's second shape): `--model-config`, `--max-len` and `--batch-size` set both
+arms' model and window (ours' --stride follows --max-len), `--corpus` any token pickle, here LAMBADA's
+passages (`make eval-data` fetches them), one per line, through data/wikipedia_preprocess.py:
+
+    .venv/bin/python -c "import json, sys; [print(' '.join(json.loads(l)['text'].split())) for l in sys.stdin]" \\
+        < ~/.cache/gpt2forge/eval-data/lambada/lambada_test.jsonl > lambada.txt
+    .venv/bin/python data/wikipedia_preprocess.py --input-file-path lambada.txt --output-file-path lambada
+    .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --model-config benchmarks/config_6x192.json \\
+        --max-len 256 --batch-size 4 --steps 200 --eval-every 50 --nanogpt-lr 1.5e-3 \\
+        --corpus lambada/wikicorpus_en_one_article_per_line.pkl
 """
 
 from __future__ import annotations
@@ -183,7 +194,8 @@ def usage_problem(args: argparse.Namespace) -> str | None:
         return (f"--nanogpt {args.nanogpt} is not a nanoGPT folder: it lacks {', '.join(missing)} "
                 "(clone https://github.com/karpathy/nanoGPT and name its folder)")
     if not Path(args.corpus).is_file():
-        return f"{args.corpus} is missing; `make train` (or `make build/stdlib_docs.pkl`) builds it"
+        return (f"--corpus {args.corpus} is missing; `make train` (or `make build/stdlib_docs.pkl`) builds the "
+                "default one")
     if args.steps < 1 or args.eval_every < 1 or args.steps % args.eval_every:
         return f"--eval-every {args.eval_every} must divide --steps {args.steps} (nanoGPT scores its multiples)"
     return None
@@ -321,22 +333,28 @@ def stream(cmd: list[str], cwd: Path, on_line) -> float:
     return wall
 
 
-def run_ours(seed: int, args: argparse.Namespace, tmp: Path) -> dict:
-    metrics = tmp / f"metrics_{seed}.jsonl"
+def ours_flags(seed: int, args: argparse.Namespace, tmp: Path) -> list[str]:
+    """train_gpt2.py's flags for ours' run of `seed`: TRAIN_ARGS with this benchmark's job, then --ours-flags."""
     flags = with_flags(make_train_args(), {
         "--input-files": args.corpus, "--model-config": args.model_config, "--seed": str(seed),
         "--max-len": str(args.max_len), "--stride": str(stride_for(args)), "--batch-size": str(args.batch_size),
         "--training-steps": str(args.steps), "--lr-warmup-steps": str(args.warmup),
         "--eval-every-steps": str(args.eval_every), "--val-num": str(args.val_num),
         "--checkpoint-output-dir": str(tmp / f"ours_{seed}"), "--save-per-steps": str(args.eval_every),
-        "--sample-tokens": "0", "--sample-prompt": None, "--metrics-file": str(metrics), "--device": "cpu"})
+        "--sample-tokens": "0", "--sample-prompt": None, "--metrics-file": str(tmp / f"metrics_{seed}.jsonl"),
+        "--device": "cpu"})
+    return flags + shlex.split(args.ours_flags)
+
+
+def run_ours(seed: int, args: argparse.Namespace, tmp: Path) -> dict:
+    metrics = tmp / f"metrics_{seed}.jsonl"
     curve = []
 
     def on_line(line: str, t: float) -> None:
         if (m := OURS_VALIDATION.search(line)) and int(m.group(1)) not in {s for s, _, _ in curve}:
             curve.append((int(m.group(1)), float(m.group(2)), round(t, 2)))
 
-    wall = stream([sys.executable, str(ROOT / "train_gpt2.py"), *flags, *shlex.split(args.ours_flags)], ROOT, on_line)
+    wall = stream([sys.executable, str(ROOT / "train_gpt2.py"), *ours_flags(seed, args, tmp)], ROOT, on_line)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r["step_seconds"] for r in sorted((r for r in records if r["kind"] == "train"), key=lambda r: r["step"])]
     shutil.rmtree(tmp / f"ours_{seed}", ignore_errors=True)

@@ -34,6 +34,21 @@ def run_record(arm: str, seed: int, curve: list[tuple[int, float, float]], wall:
     return {"arm": arm, "seed": seed, "curve": curve, "wall_s": wall, "step_s_median": step, "first_step_s": 2 * step}
 
 
+def test_max_len_and_batch_size_set_both_arms_job(bench, tmp_path):
+    """--max-len and --batch-size reach ours' flags (--stride following --max-len: windows that do not
+    overlap) and nanoGPT's block_size and batch_size; at TRAIN_ARGS' own --max-len its --stride stays."""
+    args = bench.parse_args(["--nanogpt", str(tmp_path), "--max-len", "256", "--batch-size", "4"])
+    flags = bench.ours_flags(3, args, tmp_path)
+    value = {name: flags[len(flags) - 1 - flags[::-1].index(name) + 1] for name in ("--max-len", "--stride",
+                                                                                    "--batch-size", "--seed")}
+    assert value == {"--max-len": "256", "--stride": "256", "--batch-size": "4", "--seed": "3"}
+    settings = bench.nanogpt_settings(args)
+    assert (settings["block_size"], settings["batch_size"], settings["eval_iters"]) == (256, 4, args.val_num // 4)
+    default = bench.parse_args(["--nanogpt", str(tmp_path)])
+    assert bench.stride_for(default) == int(bench.train_flag("--stride"))
+    assert bench.nanogpt_settings(default)["block_size"] == int(bench.train_flag("--max-len"))
+
+
 def test_summary_ratios_are_ours_time_to_the_peer_final_loss_over_its_wall_time(bench, capsys):
     runs = [  # (update, held-out loss, seconds): seed 0's ours passes nanoGPT's final loss, seed 1's does not
         run_record("ours", 0, [(1, 6.0, 10.0), (2, 5.0, 20.0)], 20.0),
