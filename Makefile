@@ -69,8 +69,10 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 # The whole suite, the layout and end-to-end tests included: what CI runs (.ci/run), 10 minutes of pytest on 2 cores.
+# PYTEST_ARGS: more pytest arguments (CI's second leg: -m "not data_only").
+PYTEST_ARGS ?=
 test: setup lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Leaves out torchrun and end-to-end training tests (@pytest.mark.slow): about a minute on 2 cores.
 test-fast: setup lint

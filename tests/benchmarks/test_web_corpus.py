@@ -77,6 +77,7 @@ def test_the_truth_describes_the_corpus(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.data_only
 def test_each_stage_drops_what_was_planted(tmp_path, eval_data):
     """The whole path with --quality on a corpus contaminated with both evaluation sets: clean, exact
     dedup and decontamination drop exactly the planted documents (rule by rule), near dedup drops no

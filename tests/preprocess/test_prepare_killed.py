@@ -63,6 +63,7 @@ def counts(records: dict) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.data_only
 def test_killed_in_every_stage_then_rerun_gives_the_uninterrupted_output(tmp_path, eval_data):
     lambada = eval_data / "lambada" / "lambada_test.jsonl"
     corpus = tmp_path / "web.jsonl"
