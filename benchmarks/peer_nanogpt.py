@@ -105,9 +105,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
 TARGET_WALL_RATIO = 0.5  # ours' wall time to nanoGPT's final loss / nanoGPT's wall time
 NANOGPT_LR = 7.5e-4
-"""nanoGPT's best peak LR for `make train`'s job among 7.5e-4, 1.5e-3 and 3e-3 (its sweep, seeds 0-2: held-out
-loss 5.710, 5.740 and 6.092 at the last update; docs/benchmarks.md, learning per second against nanoGPT);
-TRAIN_ARGS' own LR is ours' (Muon's)."""
+"""nanoGPT's best peak LR for `make train`'s job among 3.75e-4, 7.5e-4, 1.5e-3 and 3e-3 (its sweep, seeds 0-2:
+held-out loss 5.911, 5.710, 5.740 and 6.092 at the last update; docs/benchmarks.md, learning per second against
+nanoGPT); TRAIN_ARGS' own LR is ours' (Muon's). Another job has its own best: `--nanogpt-lr`."""
 TARGET_FINAL_LEAD = -0.1  # ours minus nanoGPT, held-out loss at the last update (mean over seeds, paired)
 OURS_VALIDATION = re.compile(r"validation after step (\d+): loss ([0-9.]+)")
 NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([0-9.]+), val loss ([0-9.]+)")
