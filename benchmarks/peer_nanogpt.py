@@ -72,7 +72,7 @@ passages (`make eval-data` fetches them), one per line, through data/wikipedia_p
         < ~/.cache/gpt2forge/eval-data/lambada/lambada_test.jsonl > lambada.txt
     .venv/bin/python data/wikipedia_preprocess.py --input-file-path lambada.txt --output-file-path lambada
     .venv/bin/python benchmarks/peer_nanogpt.py --nanogpt ~/nanoGPT --model-config benchmarks/config_6x192.json \\
-        --max-len 256 --batch-size 4 --steps 200 --eval-every 50 --nanogpt-lr 1.5e-3 \\
+        --max-len 256 --batch-size 4 --steps 200 --eval-every 50 --nanogpt-lr 1.06e-3 \\
         --corpus lambada/wikicorpus_en_one_article_per_line.pkl
 """
 
@@ -333,6 +333,11 @@ def stream(cmd: list[str], cwd: Path, on_line) -> float:
     return wall
 
 
+def metrics_file(seed: int, tmp: Path) -> Path:
+    """Where ours' run of `seed` writes its metrics."""
+    return tmp / f"metrics_{seed}.jsonl"
+
+
 def ours_flags(seed: int, args: argparse.Namespace, tmp: Path) -> list[str]:
     """train_gpt2.py's flags for ours' run of `seed`: TRAIN_ARGS with this benchmark's job, then --ours-flags."""
     flags = with_flags(make_train_args(), {
@@ -341,13 +346,13 @@ def ours_flags(seed: int, args: argparse.Namespace, tmp: Path) -> list[str]:
         "--training-steps": str(args.steps), "--lr-warmup-steps": str(args.warmup),
         "--eval-every-steps": str(args.eval_every), "--val-num": str(args.val_num),
         "--checkpoint-output-dir": str(tmp / f"ours_{seed}"), "--save-per-steps": str(args.eval_every),
-        "--sample-tokens": "0", "--sample-prompt": None, "--metrics-file": str(tmp / f"metrics_{seed}.jsonl"),
+        "--sample-tokens": "0", "--sample-prompt": None, "--metrics-file": str(metrics_file(seed, tmp)),
         "--device": "cpu"})
     return flags + shlex.split(args.ours_flags)
 
 
 def run_ours(seed: int, args: argparse.Namespace, tmp: Path) -> dict:
-    metrics = tmp / f"metrics_{seed}.jsonl"
+    metrics = metrics_file(seed, tmp)
     curve = []
 
     def on_line(line: str, t: float) -> None:
