@@ -341,3 +341,10 @@ def available_host_memory() -> float:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
         return float(info.get("MemAvailable", 0))
     return float(psutil.virtual_memory().available)
+
+
+def refuse_beyond_host(need: float, what: str, fix: str) -> None:
+    """UsageError naming `what` (its `need` bytes) and the fix when it exceeds the host's available memory."""
+    have = available_host_memory()
+    if need > have:
+        raise UsageError(f"{what} need {need / GiB:,.1f} GiB and this host has {have / GiB:,.1f} GiB available; {fix}")

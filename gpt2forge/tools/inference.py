@@ -30,7 +30,7 @@ from gpt2forge.core.runtime import (
 )
 from gpt2forge.data import DataRequest, collate, load_datasets
 from gpt2forge.frontends.graphcore import parse_args
-from gpt2forge.train.model_setup import build_model
+from gpt2forge.model.build import build_model
 
 
 def run_inference(argv: Sequence[str] | None = None) -> int:
@@ -38,8 +38,7 @@ def run_inference(argv: Sequence[str] | None = None) -> int:
     device = resolve_device(cfg.runtime.device)
     precision = resolve_precision(cfg.runtime.precision, device)
     configure_matmul(device, precision, cfg.runtime.enable_half_partials)
-    model, _ = build_model(cfg, device)
-    model = model.to(PRECISION_DTYPES[precision]).eval()
+    model = build_model(cfg.model_source(), device).to(PRECISION_DTYPES[precision]).eval()
     forward = maybe_compile(model, "true" if cfg.runtime.compile_only else cfg.runtime.torch_compile, device,
                             cfg.runtime.executable_cache_dir)
     log.info(f"Parameters: {model.config.num_params() / 1e6:.1f}M, device {device}, precision {precision}")

@@ -8,7 +8,8 @@ The resolved config is saved flat (`to_dict`) as `train_config.json` next to eve
 Sections (attribute: class): arch: ModelArgs, data: DataArgs, optim: OptimizerArgs, kfac: KfacArgs,
 runtime: RuntimeArgs, memory: MemoryArgs, parallel: ParallelArgs, checkpoint: CheckpointArgs, logging:
 LoggingArgs, eval: EvalArgs. The sections that packages below train/ consume are defined there
-(DataArgs in data/args.py, ParallelArgs in parallel/topology.py, MemoryArgs in parallel/memory_plan.py).
+(ModelArgs in model/args.py, DataArgs in data/args.py, ParallelArgs in parallel/topology.py, MemoryArgs in
+parallel/memory_plan.py).
 """
 
 from __future__ import annotations
@@ -22,53 +23,13 @@ from typing import Any
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import attribute_docs, flag, opt, positive
 from gpt2forge.data.args import DataArgs
+from gpt2forge.model.args import ModelArgs
+from gpt2forge.model.build import ModelSource, resolve_model
 from gpt2forge.parallel.memory_plan import MemoryArgs
 from gpt2forge.parallel.topology import ParallelArgs
 
 WARMUP_FORMS = ("nanogpt", "transformers")
 """`--lr-warmup-form`: the multiplier of warm-up update u (from 0) is (u + o) / (W + o), o = 1 or 0."""
-
-
-@dataclasses.dataclass
-class ModelArgs:
-    """Model: its size or shape and the sequence length."""
-
-    model: str = opt("gpt2", choices=("gpt2-test", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"))
-    """Model size, a file in config/."""
-    model_config: str | None = opt(None)
-    """(new) any Hugging Face GPT-2 config.json as the model shape; overrides --model."""
-    max_len: int = opt(128)
-    """Sequence length in tokens; sets n_positions of a fresh model."""
-    hidden_dropout: float | None = opt(None)
-    """(new) override the model's residual and embedding dropout (Megatron's --hidden-dropout; fine-tuning often uses
-    0.0 or 0.1)"""
-    attention_dropout: float | None = opt(None)
-    """(new) override the model's attention dropout (Megatron's --attention-dropout)"""
-    num_layers: int | None = opt(None)
-    """(new) override the model's number of blocks (Megatron's --num-layers)"""
-    hidden_size: int | None = opt(None)
-    """(new) override the model's width (Megatron's --hidden-size)"""
-    num_attention_heads: int | None = opt(None)
-    """(new) override the model's attention heads (Megatron's --num-attention-heads)"""
-    ffn_hidden_size: int | None = opt(None)
-    """(new) override the MLP width (Megatron's --ffn-hidden-size; default 4 x width)"""
-    max_position_embeddings: int | None = opt(None)
-    """(new) position-table size of a fresh model (Megatron's --max-position-embeddings; default: --max-len)"""
-    init_method_std: float | None = opt(None)
-    """(new) standard deviation of a fresh model's weight initialisation (Megatron's --init-method-std; GPT-2: 0.02)"""
-
-    def __post_init__(self) -> None:
-        problems = positive(self, "max_len", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                            "max_position_embeddings", optional=True)
-        if self.max_position_embeddings is not None and self.max_position_embeddings < self.max_len:
-            problems.append(f"--max-position-embeddings {self.max_position_embeddings} is smaller than --max-len "
-                            f"{self.max_len}; the position table must cover the sequence")
-        if self.init_method_std is not None and self.init_method_std <= 0:
-            problems.append("--init-method-std must be > 0")
-        problems += [f"--{flag(name)} must be in [0, 1) (got {value})"
-                     for name in ("hidden_dropout", "attention_dropout")
-                     if (value := getattr(self, name)) is not None and not 0 <= value < 1]
-        collect(problems)
 
 
 @dataclasses.dataclass
@@ -88,16 +49,16 @@ class OptimizerArgs:
     learning_rate: float = opt(1e-5)
     """Peak learning rate."""
     muon_learning_rate: float | None = opt(None)
-    """(new) --optimizer Muon: peak learning rate of the blocks' matrices, in AdamW's units (Muon's update RMS is
+    """--optimizer Muon: peak learning rate of the blocks' matrices, in AdamW's units (Muon's update RMS is
     matched to AdamW's; default: --learning-rate)"""
     muon_momentum: float = opt(0.95)
-    """(new) --optimizer Muon: Nesterov momentum of the blocks' matrices."""
+    """--optimizer Muon: Nesterov momentum of the blocks' matrices."""
     adam_beta1: float = opt(0.9)
-    """(new) Adam/AdamW/LAMB first-moment decay rate."""
+    """Adam/AdamW/LAMB first-moment decay rate."""
     adam_beta2: float = opt(0.999)
-    """(new) Adam/AdamW/LAMB second-moment decay rate."""
+    """Adam/AdamW/LAMB second-moment decay rate."""
     adam_eps: float = opt(1e-8)
-    """(new) Adam/AdamW/LAMB denominator epsilon (PyTorch, Hugging Face, Megatron and nanoGPT use 1e-8; the reference's
+    """Adam/AdamW/LAMB denominator epsilon (PyTorch, Hugging Face, Megatron and nanoGPT use 1e-8; the reference's
     1e-6 learns less per update: --adam-eps 1e-6 restores it)"""
     lr_schedule: str = opt("constant", choices=("constant", "linear", "cosine"))
     """Constant | linear | cosine, each after a linear warm-up."""
@@ -108,22 +69,22 @@ class OptimizerArgs:
     lr_decay_steps: int | None = opt(None)
     """Schedule length in optimizer updates (default: the whole run)"""
     max_grad_norm: float | None = opt(None)
-    """(new) clip the global gradient norm to this value."""
+    """clip the global gradient norm to this value."""
     min_lr: float = opt(0.0)
-    """(new) linear and cosine decay end at this learning rate (Megatron's and nanoGPT's --min-lr)"""
+    """linear and cosine decay end at this learning rate (Megatron's and nanoGPT's --min-lr)"""
     train_samples: int | None = opt(None)
-    """(new) train on this many samples (Megatron's --train-samples; the host steps are it / samples per step, rounded
+    """train on this many samples (Megatron's --train-samples; the host steps are it / samples per step, rounded
     up); overrides --epochs."""
     lr_decay_samples: int | None = opt(None)
-    """(new) schedule length in samples (Megatron's; overrides --lr-decay-steps)"""
+    """schedule length in samples (Megatron's; overrides --lr-decay-steps)"""
     lr_warmup_samples: int | None = opt(None)
-    """(new) warm-up in samples (Megatron's; overrides --lr-warmup-steps)"""
+    """warm-up in samples (Megatron's; overrides --lr-warmup-steps)"""
     lr_warmup_form: str = opt("nanogpt", choices=WARMUP_FORMS)
-    """(new) the warm-up's first updates: nanogpt (nanoGPT's, torchtitan's, Colossal-AI's LinearWarmupLR) runs update u
+    """the warm-up's first updates: nanogpt (nanoGPT's, torchtitan's, Colossal-AI's LinearWarmupLR) runs update u
     (from 0) at (u + 1) / (W + 1) of the peak; transformers (the reference's, transformers', Megatron-LM's and
     DeepSpeed's) at u / W, so its first update runs at LR 0 and only fills Adam's moments"""
     max_nonfinite_updates: int = opt(10)
-    """(new) updates with non-finite gradients are skipped (the learning rate holds); stop the run after this many in a
+    """updates with non-finite gradients are skipped (the learning rate holds); stop the run after this many in a
     row. An fp16 overflow that dynamic loss scaling answers by lowering the scale (above --min-loss-scale) is not
     counted."""
 
@@ -159,26 +120,26 @@ class KfacArgs:
     """K-FAC: a second-order preconditioner of the blocks' nn.Linear gradients (docs/training.md#k-fac)."""
 
     kfac: bool = opt(False, kind="bool")
-    """(new) precondition the gradients of the blocks' nn.Linear layers with K-FAC (kfac-pytorch's design) before
+    """precondition the gradients of the blocks' nn.Linear layers with K-FAC (kfac-pytorch's design) before
     clipping and the optimizer's step."""
     kfac_factor_update_steps: int = opt(5)
-    """(new) K-FAC: fold the layers' activation and output-gradient covariances into their running averages every N
+    """K-FAC: fold the layers' activation and output-gradient covariances into their running averages every N
     updates."""
     kfac_inv_update_steps: int = opt(50)
-    """(new) K-FAC: recompute the factors' eigendecompositions (or inverses) every N updates."""
+    """K-FAC: recompute the factors' eigendecompositions (or inverses) every N updates."""
     kfac_damping: float = opt(0.001)
-    """(new) K-FAC: Tikhonov damping added to the Kronecker product's eigenvalues (eigen) or to each factor's diagonal
+    """K-FAC: Tikhonov damping added to the Kronecker product's eigenvalues (eigen) or to each factor's diagonal
     (inverse)"""
     kfac_factor_decay: float = opt(0.95)
-    """(new) K-FAC: running average of the factors: decay x old + (1 - decay) x new."""
+    """K-FAC: running average of the factors: decay x old + (1 - decay) x new."""
     kfac_kl_clip: float = opt(0.001)
-    """(new) K-FAC: scale the preconditioned gradients by min(1, sqrt(kl_clip / (lr^2 sum(v . g)))); 0 turns the scaling
+    """K-FAC: scale the preconditioned gradients by min(1, sqrt(kl_clip / (lr^2 sum(v . g)))); 0 turns the scaling
     off."""
     kfac_skip_layers: list[str] | None = opt(None, kind="list_str")
-    """(new) K-FAC: regular expressions; an nn.Linear whose name or class name matches one is not preconditioned
+    """K-FAC: regular expressions; an nn.Linear whose name or class name matches one is not preconditioned
     (default: wte wpe lm_head, the embeddings and the tied LM head)"""
     kfac_compute_method: str = opt("eigen", choices=("eigen", "inverse"))
-    """(new) K-FAC: eigen (eigendecompositions, damping on the Kronecker product) | inverse (damped inverses of each
+    """K-FAC: eigen (eigendecompositions, damping on the Kronecker product) | inverse (damped inverses of each
     factor)"""
 
     def __post_init__(self) -> None:
@@ -202,28 +163,28 @@ class RuntimeArgs:
     """Device, precision, compilation and the run modes that train nothing."""
 
     device: str = opt("auto")
-    """(new) auto | cpu | cuda | cuda:N."""
+    """auto | cpu | cuda | cuda:N."""
     precision: str = opt("auto", choices=("auto", "fp32", "bf16", "fp16"))
-    """(new) auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA, fp32 on CPU)"""
+    """auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA, fp32 on CPU)"""
     loss_scaling: float = opt(50000.0)
     """Fp16: static loss scale (initial scale with --auto-loss-scaling)"""
     auto_loss_scaling: bool = opt(False, kind="bool")
     """Fp16: dynamic loss scaling."""
     initial_loss_scale: float = opt(1.0)
-    """(new) fp16 dynamic scaling: the first scale (Megatron's --initial-loss-scale; 1.0 as the reference's
+    """fp16 dynamic scaling: the first scale (Megatron's --initial-loss-scale; 1.0 as the reference's
     --auto-loss-scaling)"""
     loss_scale_window: int = opt(2000)
-    """(new) fp16 dynamic scaling: clean updates before the scale doubles (Megatron's --loss-scale-window)"""
+    """fp16 dynamic scaling: clean updates before the scale doubles (Megatron's --loss-scale-window)"""
     min_loss_scale: float = opt(1.0)
-    """(new) fp16 dynamic scaling: the scale never goes below this (Megatron's --min-loss-scale)"""
+    """fp16 dynamic scaling: the scale never goes below this (Megatron's --min-loss-scale)"""
     loss_scale_hysteresis: int = opt(1)
-    """(new) fp16 dynamic scaling: overflowing updates tolerated before the scale halves (Megatron's --hysteresis)"""
+    """fp16 dynamic scaling: overflowing updates tolerated before the scale halves (Megatron's --hysteresis)"""
     enable_half_partials: bool = opt(False, kind="bool")
     """Reduced-precision matmul accumulation where the device allows it."""
     torch_compile: str = opt("auto", choices=("auto", "true", "false"))
-    """(new) torch.compile the model: auto (on CUDA) | true | false."""
+    """torch.compile the model: auto (on CUDA) | true | false."""
     deterministic: str = opt("auto", choices=("auto", "true", "false"))
-    """(new) deterministic algorithms, so a run repeats bit for bit, compiled too: auto (on the CPU, where it costs
+    """deterministic algorithms, so a run repeats bit for bit, compiled too: auto (on the CPU, where it costs
     nothing measurable) | true | false (Megatron's --deterministic-mode)"""
     executable_cache_dir: str | None = opt(None)
     """Torch.compile cache directory (the IPU executable cache)"""
@@ -232,7 +193,7 @@ class RuntimeArgs:
     compile_only: bool = opt(False, kind="bool")
     """Compile the training step on generated data, print the time, exit."""
     plan: bool = opt(False, "--dry-run", kind="bool")
-    """(new) print the memory each process of the layout needs, per pipeline stage, and whether it fits this machine;
+    """print the memory each process of the layout needs, per pipeline stage, and whether it fits this machine;
     trains nothing."""
 
     def __post_init__(self) -> None:
@@ -258,17 +219,17 @@ class CheckpointArgs:
     resume_training_from_checkpoint: bool = opt(False, kind="bool")
     """Continue the run saved in --checkpoint-input-dir (optimizer, schedule, step, data position, RNG)"""
     auto_resume: bool = opt(False, kind="bool")
-    """(new) continue from the latest checkpoint in --checkpoint-output-dir when there is one, else start as asked (for
+    """continue from the latest checkpoint in --checkpoint-output-dir when there is one, else start as asked (for
     requeued or restarted jobs)"""
     exit_signal_handler: bool = opt(True, kind="bool")
-    """(new) on SIGTERM or SIGUSR1 (Slurm preemption) finish the current update, save a checkpoint (with
+    """on SIGTERM or SIGUSR1 (Slurm preemption) finish the current update, save a checkpoint (with
     --checkpoint-output-dir) and exit 0, so a requeued job continues with --auto-resume (Megatron's
     --exit-signal-handler)"""
     keep_checkpoints: int | None = opt(None)
-    """(new) keep only the N newest checkpoints in --checkpoint-output-dir (older step_N/ and epoch_N/ are deleted after
+    """keep only the N newest checkpoints in --checkpoint-output-dir (older step_N/ and epoch_N/ are deleted after
     each save)"""
     final_model_dir: str | None = opt(None)
-    """(new) after training, write the final model and its tokenizer here in the Hugging Face layout (from_pretrained
+    """after training, write the final model and its tokenizer here in the Hugging Face layout (from_pretrained
     opens it), with all_results.json (the last validation perplexity): what run_clm leaves in --output_dir."""
 
     def __post_init__(self) -> None:
@@ -292,20 +253,20 @@ class LoggingArgs:
     use_wandb: bool = opt(False, kind="bool")
     """Log metrics to Weights & Biases (needs the wandb package)"""
     metrics_file: str | None = opt(None)
-    """(new) JSON-lines file of every step's and evaluation's metrics (plot it with gpt2forge-plot); default:
+    """JSON-lines file of every step's and evaluation's metrics (plot it with gpt2forge-plot); default:
     metrics.jsonl in --checkpoint-output-dir, else runs/<run name>/metrics.jsonl."""
     tensorboard_dir: str | None = opt(None)
-    """(new) also write TensorBoard scalars here (loss, lr, throughput, MFU, memory, grad norm when known,
+    """also write TensorBoard scalars here (loss, lr, throughput, MFU, memory, grad norm when known,
     validation)"""
     profile_steps: str | None = opt(None)
-    """(new) profile host steps A to B (counting from 1, both included), e.g. 3:4, with the PyTorch profiler (CPU and
+    """profile host steps A to B (counting from 1, both included), e.g. 3:4, with the PyTorch profiler (CPU and
     CUDA)"""
     profile_dir: str | None = opt(None)
-    """(new) where --profile-steps writes trace.json (Chrome/Perfetto) and top_ops.txt; default: profile/ beside the
+    """where --profile-steps writes trace.json (Chrome/Perfetto) and top_ops.txt; default: profile/ beside the
     metrics file."""
 
     log_format: str = opt("graphcore", choices=("graphcore", "megatron", "run_clm"))
-    """(new) the step line: graphcore (the reference's) | megatron (Megatron-LM's `iteration N/ M | consumed samples:
+    """the step line: graphcore (the reference's) | megatron (Megatron-LM's `iteration N/ M | consumed samples:
     ...` for its users' log parsers) | run_clm (the graphcore step line, and Hugging Face run_clm's `epoch N:
     perplexity: P eval_loss: L` after each validation)"""
 
@@ -318,19 +279,19 @@ class EvalArgs:
     """Evaluation during training and the sample printed after it."""
 
     eval_every_steps: int | None = opt(None, "--eval-steps")
-    """(new) evaluate the validation set every N host steps."""
+    """evaluate the validation set every N host steps."""
     eval_wikitext: str | None = opt(None)
-    """(new) WikiText file: log a quick perplexity (first 16 windows of --max-len tokens) whenever the validation set is
+    """WikiText file: log a quick perplexity (first 16 windows of --max-len tokens) whenever the validation set is
     evaluated."""
     eval_lambada: str | None = opt(None)
-    """(new) LAMBADA jsonl: log a quick cloze accuracy (first 128 passages, non-strict) whenever the validation set is
+    """LAMBADA jsonl: log a quick cloze accuracy (first 128 passages, non-strict) whenever the validation set is
     evaluated."""
     sample_tokens: int = opt(0)
-    """(new) after training, print a sample of this many generated tokens."""
+    """after training, print a sample of this many generated tokens."""
     sample_prompt: str = opt("\n")
-    """(new) prompt of that sample."""
+    """prompt of that sample."""
     eval_iters: int | None = opt(None)
-    """(new) score at most this many validation batches of one update's samples each time (Megatron's --eval-iters;
+    """score at most this many validation batches of one update's samples each time (Megatron's --eval-iters;
     default: the whole validation set)"""
 
     def __post_init__(self) -> None:
@@ -414,6 +375,13 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Every field under its flat (flag) name: the content of train_config.json."""
         return {k: v for attr in SECTIONS for k, v in dataclasses.asdict(getattr(self, attr)).items()}
+
+    def model_source(self) -> ModelSource:
+        """The model this run trains (gpt2forge.model.build.resolve_model): its shape, and the checkpoint
+        whose weights it loads or the seed of its initialisation."""
+        ckpt = self.checkpoint
+        return resolve_model(self.arch, ckpt.checkpoint_input_dir, tokenizer=self.data.tokenizer_name_or_path,
+                             resume=ckpt.resume_training_from_checkpoint, seed=self.data.seed)
 
     # -- derived numbers ---------------------------------------------------------------------------
     @property

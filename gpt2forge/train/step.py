@@ -3,7 +3,8 @@
 The loss of an update is the mean over every scored token of the global batch; gradients are
 averaged across replicas (DDP, ZeRO, FSDP2 or the pipeline's own reduction), their global norm is
 logged and clipped, and an update whose gradients are not finite is skipped (in every precision).
-What a GPU failure's line says of a run (`failure_context`) is composed here too.
+What a failure's line says of a run (`failures_named`: a GPU out of memory or gone, a lost node) is
+composed here too.
 """
 
 from __future__ import annotations
@@ -11,21 +12,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import RunError, UsageError
+from gpt2forge.core.errors import RunError, UsageError, naming_gpu_failures
 from gpt2forge.core.runtime import LossScaler, autocast
 from gpt2forge.data import IGNORE_INDEX, ShardedStream, collate, split_batch
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.documents import document_layout, eod_masked_labels
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum
-from gpt2forge.parallel.health import Watchdog
+from gpt2forge.parallel.distributed import TIMEOUT, DistEnv, all_reduce_sum
+from gpt2forge.parallel.health import Watchdog, collective_failure
 from gpt2forge.parallel.memory_plan import resolved_lm_loss
 from gpt2forge.parallel.strategy import MicroBatch, Strategy
 from gpt2forge.text.tokenizer import load_tokenizer
@@ -201,6 +203,24 @@ def evaluate(run: Run, dataset: Dataset) -> tuple[float, float, int]:
     run.strategy.sum_evaluation(totals)
     loss = float(totals[0] / totals[2].clamp(min=1))
     return loss, math.exp(min(loss, 50.0)), int(totals[2])
+
+
+@contextlib.contextmanager
+def failures_named(run: Run, step: Callable[[], int]) -> Iterator[None]:
+    """Inside the block, a collective that fails (a node, its processes or its link lost) ends the run
+    with one line naming the node(s) and the timeout (health.collective_failure), not gloo's traceback;
+    so does a GPU out of memory or gone (errors.naming_gpu_failures: the step, the memory, the flags
+    that help). `step()`: the host step under way, counted from 1."""
+    try:
+        with naming_gpu_failures(run.device, lambda: failure_context(run, step()), memory_fixes(run),
+                                 what_is_kept(run.cfg)):
+            yield
+    except RuntimeError as exc:
+        watchdog = run.watchdog
+        line = collective_failure(exc, TIMEOUT, watchdog.what if watchdog is not None else "")
+        if line is None:
+            raise
+        raise RunError(line) from None
 
 
 def failure_context(run: Run, step: int) -> str:

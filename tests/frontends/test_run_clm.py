@@ -331,13 +331,11 @@ def test_seed_002_trains_a_local_gpt_neo_folder(clm_files, tmp_path, capsys):
 def test_config_name_of_a_gpt_neo_folder_builds_a_new_gpt_neo(clm_files, tmp_path):
     """--config_name with a GPT-Neo folder: a new model of its shape, its position table
     (max_position_embeddings, GPT-Neo's name for n_positions) and block size."""
-    from gpt2forge.train.model_setup import resolve_model_config
-
     neo = tmp_path / "neo-config"
     transformers.GPTNeoConfig(max_position_embeddings=48, hidden_size=32, num_layers=2, num_heads=2,
                               attention_types=[[["global", "local"], 1]], window_size=8).save_pretrained(neo)
     cfg = parse_args(["--train_file", str(clm_files["train"]), "--config_name", str(neo)])
     assert cfg.arch.max_position_embeddings == 48 and cfg.arch.max_len == 48
-    model_config, _ = resolve_model_config(cfg)
+    model_config = cfg.model_source().config
     assert model_config.model_type == "gpt_neo" and model_config.attention_layers == ["global", "local"]
     assert model_config.n_positions == 48 and model_config.window_size == 8

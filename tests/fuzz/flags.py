@@ -104,13 +104,14 @@ def preflight(argv: list[str], front_end: str = "train") -> int:
     from gpt2forge.core.errors import cli_main
     from gpt2forge.frontends import graphcore as args
     from gpt2forge.frontends import megatron as megatron_args
-    from gpt2forge.train.model_setup import check_step_fits_host, check_weights_fit_host, resolve_model_config
+    from gpt2forge.model.build import check_weights_fit_host
+    from gpt2forge.train.setup import check_step_fits_host
 
     @cli_main
     def check(argv: list[str]) -> int:
         cfg = megatron_args.parse_args(argv, world_size=1) if front_end == "megatron" else args.parse_args(argv)
         check_step_fits_host(cfg)
-        check_weights_fit_host(resolve_model_config(cfg)[0])
+        check_weights_fit_host(cfg.model_source().config)
         return 0
 
     return check(argv)

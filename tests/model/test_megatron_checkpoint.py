@@ -270,16 +270,17 @@ def test_export_copies_megatron_tokenizer_files(tmp_path):
 
 def test_fine_tuning_starts_from_megatron_weights(tmp_path):
     from gpt2forge.frontends.graphcore import parse_args
-    from gpt2forge.train.model_setup import build_model
+    from gpt2forge.model.build import build_model
 
     model = known_model(tiny())
     save_megatron(tmp_path, legacy_shards(model, 3.0, 2, 2), megatron_args(model.config, 2, 2), 3.0)
     base = ["--checkpoint-input-dir", str(tmp_path), "--max-len", "16", "--dataset", "generated"]
-    built, ckpt = build_model(parse_args(base), torch.device("cpu"))
-    assert ckpt == tmp_path
+    source = parse_args(base).model_source()
+    built = build_model(source, torch.device("cpu"))
+    assert source.checkpoint == tmp_path
     torch.testing.assert_close(logits(built), logits(model), rtol=0, atol=0)
     with pytest.raises(UsageError, match="add --finetune"):
-        build_model(parse_args([*base, "--resume-training-from-checkpoint"]), torch.device("cpu"))
+        parse_args([*base, "--resume-training-from-checkpoint"]).model_source()
 
 
 # ------------------------------------------------------------------ refused input

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from test_distributed import run  # the torchrun harness (pytest puts tests/parallel on the path)
 
 import gpt2forge.parallel.memory_plan as memory_plan
-import gpt2forge.train.trainer as trainer
+import gpt2forge.train.setup as setup
 from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
@@ -128,7 +128,7 @@ def test_full_offload_checkpoint_continues_under_two_process_zero2(tiny_config, 
 def test_too_little_host_memory_is_one_line_before_the_model_is_built(make_tiny_config, monkeypatch, capsys):
     # GPT-3's shape: its offloaded state (16 bytes a parameter, ~2.8 TB) exceeds any host here.
     huge = make_tiny_config(n_embd=12288, n_layer=96, n_head=96, n_positions=2048, vocab_size=50257)
-    monkeypatch.setattr(trainer, "build_model", lambda *a: pytest.fail("the model was built"))
+    monkeypatch.setattr(setup, "build_model", lambda *a: pytest.fail("the model was built"))
     assert train_main(["--model-config", str(huge), "--dataset", "generated", "--offload", "full"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(err) == 1, err
@@ -140,7 +140,7 @@ def test_too_little_host_memory_is_one_line_before_the_model_is_built(make_tiny_
 
 def test_optimizer_offload_checks_the_host_too(tiny_config, monkeypatch, capsys):
     monkeypatch.setattr(memory_plan, "available_host_memory", lambda: 1000.0)
-    monkeypatch.setattr(trainer, "build_model", lambda *a: pytest.fail("the model was built"))
+    monkeypatch.setattr(setup, "build_model", lambda *a: pytest.fail("the model was built"))
     assert train_main(args(tiny_config, "--optimizer-state-offchip", "true")) == 2
     assert "error: --offload optimizer: the offloaded state needs 0.0 GiB" in capsys.readouterr().err
 

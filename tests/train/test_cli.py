@@ -13,7 +13,6 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.parallel.topology import build_layout
-from gpt2forge.train.model_setup import resolve_model_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +49,7 @@ def shipped_command_lines() -> list[tuple[str, list[str]]]:
 @pytest.mark.parametrize("name,args", shipped_command_lines(), ids=lambda x: x if isinstance(x, str) else "")
 def test_shipped_command_line_parses_and_layout_validates(name, args):
     cfg = parse_args(args)
-    model_cfg, _ = resolve_model_config(cfg)
+    model_cfg = cfg.model_source().config
     layout = build_layout(cfg.parallel, model_cfg.n_layer)
     assert sum(layout.layers_per_stage) == model_cfg.n_layer
 
@@ -127,8 +126,7 @@ def test_model_config_flag_takes_any_hf_config(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 3, "n_embd": 48, "n_head": 3, "vocab_size": 500,
                                 "n_positions": 64, "some_hf_only_key": True}))
-    cfg, _ = resolve_model_config(parse_args(["--dataset", "generated", "--model-config", str(path),
-                                              "--max-len", "32"]))
+    cfg = parse_args(["--dataset", "generated", "--model-config", str(path), "--max-len", "32"]).model_source().config
     assert (cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.n_positions) == (3, 48, 500, 32)
     path.write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(UsageError, match=r"model_type is 'llama'; pass a GPT-2 \(gpt2\) or GPT-Neo"):
@@ -157,19 +155,20 @@ def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(monkeypa
     # a mistyped --max-len (1e11 positions) asked the allocator for 12.8 TB and died in nn.Embedding
     import torch
 
-    from gpt2forge.train import model_setup
+    from gpt2forge.core import runtime
+    from gpt2forge.model.build import build_model
 
     cfg = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "99999999999"])
     with pytest.raises(UsageError, match=r"99999999999 positions.*GiB available; choose a smaller") as exc:
-        model_setup.build_model(cfg, torch.device("cpu"))
+        build_model(cfg.model_source(), torch.device("cpu"))
     assert "\n" not in str(exc.value)
     small = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "32"])
-    need = 4 * resolve_model_config(small)[0].num_params()
-    monkeypatch.setattr(model_setup, "available_host_memory", lambda: need - 1.0)
+    need = 4 * small.model_source().config.num_params()
+    monkeypatch.setattr(runtime, "available_host_memory", lambda: need - 1.0)
     with pytest.raises(UsageError, match="available"):
-        model_setup.build_model(small, torch.device("cpu"))
-    monkeypatch.setattr(model_setup, "available_host_memory", lambda: float(need))
-    model, _ = model_setup.build_model(small, torch.device("cpu"))
+        build_model(small.model_source(), torch.device("cpu"))
+    monkeypatch.setattr(runtime, "available_host_memory", lambda: float(need))
+    model = build_model(small.model_source(), torch.device("cpu"))
     assert sum(p.numel() for p in model.parameters()) >= 1
 
 
@@ -177,14 +176,15 @@ def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(monkeypa
                                   "--device-iterations"])
 def test_a_step_too_big_for_the_host_is_refused_by_its_flags(flag, monkeypatch):
     # --batch-size 99999999999 asked the allocator for 12.8 TB while drawing the epoch's order
-    from gpt2forge.train import model_setup
+    from gpt2forge.core import runtime
+    from gpt2forge.train.setup import check_step_fits_host
 
     cfg = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "16", flag, "99999999999"])
     with pytest.raises(UsageError, match=rf"{flag} 99999999999.*GiB available; choose a smaller batch") as exc:
-        model_setup.check_step_fits_host(cfg)
+        check_step_fits_host(cfg)
     assert "\n" not in str(exc.value)
     ok = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "16", flag, "2"])
-    model_setup.check_step_fits_host(ok)
-    monkeypatch.setattr(model_setup, "available_host_memory", lambda: 16.0 * ok.samples_per_step * 16 - 1)
+    check_step_fits_host(ok)
+    monkeypatch.setattr(runtime, "available_host_memory", lambda: 16.0 * ok.samples_per_step * 16 - 1)
     with pytest.raises(UsageError, match="choose a smaller batch"):
-        model_setup.check_step_fits_host(ok)
+        check_step_fits_host(ok)

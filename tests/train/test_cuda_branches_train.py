@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gpt2forge.train.batches as batches
+import gpt2forge.train.setup as setup
 import gpt2forge.train.trainer as trainer
 from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.parallel.distributed import DistEnv
@@ -154,7 +155,7 @@ def test_the_runs_gpu_becomes_the_current_device(fake_cuda, monkeypatch, flag, d
     def stop(name, dev):
         raise Stop(dev)
 
-    monkeypatch.setattr(trainer, "resolve_precision", stop)
+    monkeypatch.setattr(setup, "resolve_precision", stop)
     with pytest.raises(Stop) as stopped:
         trainer.run_training(parse_args(["--dataset", "generated", "--device", flag]))
     assert stopped.value.args == (device,)

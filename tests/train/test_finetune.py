@@ -23,9 +23,9 @@ from safetensors.torch import load_file
 from gpt2forge.cli import train_main
 from gpt2forge.data.indexed import IndexedWriter
 from gpt2forge.frontends.graphcore import parse_args
+from gpt2forge.model.build import build_model, init_generator
 from gpt2forge.model.checkpoint import load_model_config, load_weights, resolve_checkpoint_dir
 from gpt2forge.model.gpt2 import Attention, Dropout, GPT2LMHeadModel
-from gpt2forge.train.model_setup import build_model, init_generator
 from gpt2forge.train.schedule import ScheduleLength, build_lr_schedule, schedule_length
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -288,7 +288,7 @@ def test_initial_weights_draw_from_a_stream_of_their_own(make_tiny_config):
     def weights(seed: int) -> torch.Tensor:
         args = ["--dataset", "generated", "--max-len", str(T), "--seed", str(seed),
                 "--model-config", str(make_tiny_config(n_positions=T))]
-        return build_model(parse_args(args), torch.device("cpu"))[0].transformer.wte.weight[:V]
+        return build_model(parse_args(args).model_source(), torch.device("cpu")).transformer.wte.weight[:V]
 
     first = weights(5)
     assert torch.equal(first, weights(5)) and not torch.equal(first, weights(6))
@@ -301,14 +301,14 @@ def test_dropout_overrides_reach_every_dropout_module(make_tiny_config, tmp_path
     start = (["--model-config", str(make_tiny_config(n_positions=T))] if source == "fresh"
              else ["--checkpoint-input-dir", str(save_hf_model(tmp_path / "hf"))])
     args = ["--dataset", "generated", "--max-len", str(T), *start]
-    model, _ = build_model(parse_args(args), torch.device("cpu"))
+    model = build_model(parse_args(args).model_source(), torch.device("cpu"))
     assert dropout_probabilities(model) == ({0.1}, {0.1})  # the config's own
-    model, _ = build_model(parse_args([*args, "--hidden-dropout", "0.05", "--attention-dropout", "0.2"]),
-                           torch.device("cpu"))
+    model = build_model(parse_args([*args, "--hidden-dropout", "0.05", "--attention-dropout", "0.2"]).model_source(),
+                        torch.device("cpu"))
     assert dropout_probabilities(model) == ({0.05}, {0.2})
     # With both at 0 a training-mode forward draws no mask anywhere: two passes agree exactly.
-    model, _ = build_model(parse_args([*args, "--hidden-dropout", "0", "--attention-dropout", "0"]),
-                           torch.device("cpu"))
+    model = build_model(parse_args([*args, "--hidden-dropout", "0", "--attention-dropout", "0"]).model_source(),
+                        torch.device("cpu"))
     ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(0))
     model.train()
     torch.manual_seed(1)

@@ -14,7 +14,7 @@ from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
-from gpt2forge.train import trainer
+from gpt2forge.train import setup
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.optim import MuonAdamW, build_lr_schedule, build_optimizer, orthogonalize
 
@@ -126,7 +126,7 @@ def test_the_newton_schulz_steps_run_in_the_runs_precision():
                                          module=model, offload=False, shard=False, shard_group=None,
                                          host_update=False))
     for precision, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32), ("fp16", torch.float32)):
-        assert trainer._build_optimizer(cfg, strategy, torch.device("cpu"), precision).ns_dtype == dtype
+        assert setup._build_optimizer(cfg, strategy, torch.device("cpu"), precision).ns_dtype == dtype
 
 
 def test_state_dict_round_trip_continues_exactly_with_the_schedule():
@@ -179,7 +179,7 @@ def test_placements_muon_cannot_run_are_refused_by_name():
     for whole, kfac in ((False, False), (True, True)):  # pipeline stages or shards; K-FAC
         strategy = types.SimpleNamespace(whole_gradients=whole)
         with pytest.raises(UsageError, match="--optimizer Muon runs on one process or DDP replicas") as err:
-            trainer._build_optimizer(cfg.replace(kfac=kfac), strategy, torch.device("cpu"), "fp32")
+            setup._build_optimizer(cfg.replace(kfac=kfac), strategy, torch.device("cpu"), "fp32")
         assert "\n" not in str(err.value)
 
 
