@@ -18,26 +18,26 @@ class ModelArgs:
     model: str = opt("gpt2", choices=("gpt2-test", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"))
     """Model size, a file in config/."""
     model_config: str | None = opt(None)
-    """(new) any Hugging Face GPT-2 config.json as the model shape; overrides --model."""
+    """any Hugging Face GPT-2 config.json as the model shape; overrides --model."""
     max_len: int = opt(128)
     """Sequence length in tokens; sets n_positions of a fresh model."""
     hidden_dropout: float | None = opt(None)
-    """(new) override the model's residual and embedding dropout (Megatron's --hidden-dropout; fine-tuning often uses
+    """override the model's residual and embedding dropout (Megatron's --hidden-dropout; fine-tuning often uses
     0.0 or 0.1)"""
     attention_dropout: float | None = opt(None)
-    """(new) override the model's attention dropout (Megatron's --attention-dropout)"""
+    """override the model's attention dropout (Megatron's --attention-dropout)"""
     num_layers: int | None = opt(None)
-    """(new) override the model's number of blocks (Megatron's --num-layers)"""
+    """override the model's number of blocks (Megatron's --num-layers)"""
     hidden_size: int | None = opt(None)
-    """(new) override the model's width (Megatron's --hidden-size)"""
+    """override the model's width (Megatron's --hidden-size)"""
     num_attention_heads: int | None = opt(None)
-    """(new) override the model's attention heads (Megatron's --num-attention-heads)"""
+    """override the model's attention heads (Megatron's --num-attention-heads)"""
     ffn_hidden_size: int | None = opt(None)
-    """(new) override the MLP width (Megatron's --ffn-hidden-size; default 4 x width)"""
+    """override the MLP width (Megatron's --ffn-hidden-size; default 4 x width)"""
     max_position_embeddings: int | None = opt(None)
-    """(new) position-table size of a fresh model (Megatron's --max-position-embeddings; default: --max-len)"""
+    """position-table size of a fresh model (Megatron's --max-position-embeddings; default: --max-len)"""
     init_method_std: float | None = opt(None)
-    """(new) standard deviation of a fresh model's weight initialisation (Megatron's --init-method-std; GPT-2: 0.02)"""
+    """standard deviation of a fresh model's weight initialisation (Megatron's --init-method-std; GPT-2: 0.02)"""
 
     def __post_init__(self) -> None:
         problems = positive(self, "max_len", "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
