@@ -13,6 +13,9 @@ Megatron mmap).
 - `splits`: loose JSON -> fixed train/dev/test files (data/split_json.py, Megatron's scripts/split_json.py).
 - `urls`: the URL blacklist rules (data/blacklist_urls.py).
 - `prepare`: the whole corpus path in one resumable command with a manifest (data/prepare_corpus.py).
+- `stages`: its stages, each a file-to-file function with a record; `manifest`: the records, and
+  which stages are complete.
+- `sharded`: the same path as N independent shard tasks plus one merge, equal to one machine's.
 - `megatron`: loose JSON -> `<prefix>_text_document.{bin,idx}` and merging (gpt2forge.data.indexed).
 - `recipe`: what an indexed dataset was made from (input identity, tokenizer), kept beside it.
 - `wikipedia`: WikiExtractor output -> `.pkl`; OpenWebText tarballs -> loose JSON.

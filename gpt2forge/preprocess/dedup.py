@@ -221,7 +221,7 @@ def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1) -> np.ndarray:
     return np.stack([codes // n, codes % n], axis=1)
 
 
-def _texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
+def read_texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
     """{document index: text} for the `wanted` indices, re-read from their files by line number."""
     texts: dict[int, str] = {}
     for s in np.unique(fp.source[wanted]):
@@ -257,7 +257,7 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
     with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
         for lo, hi in _batches(fp, pairs, budget_chars):
             batch = pairs[lo:hi]
-            texts = _texts(fp, np.unique(batch))
+            texts = read_texts(fp, np.unique(batch))
             mains, starts = np.unique(batch[:, 0], return_index=True)
             bounds = np.append(starts, len(batch))
             tasks = ((texts[m], [(j, texts[j]) for j in batch[a:b, 1].tolist()], mode)

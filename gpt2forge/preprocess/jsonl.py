@@ -60,7 +60,8 @@ def _problem(raw: bytes, text_key: str) -> tuple[str, dict | None]:
 
 
 def read_documents(path: str | Path, text_key: str = "text", key_fields: tuple[str, ...] = KEY_FIELDS,
-                   skip_bad_lines: bool = False, bad: Counter | None = None) -> Iterator[Document]:
+                   skip_bad_lines: bool = False, bad: Counter | None = None,
+                   span: tuple[int, int] | None = None) -> Iterator[Document]:
     """The documents of a loose-JSON file, in file order (module docstring for the checks).
 
     Args:
@@ -69,6 +70,10 @@ def read_documents(path: str | Path, text_key: str = "text", key_fields: tuple[s
         key_fields: fields naming a document, first present wins.
         skip_bad_lines: count and skip bad lines instead of stopping.
         bad: where skipped lines are counted (`bad["bad_lines"]`), when given.
+        span: (start, end) byte offsets: only the lines that start at or after `start` and before
+            `end` (a sharded run's part of the file; the spans of a file's parts tile it, so each line
+            is read by exactly one part). Line numbers then count from the span's first line; an
+            error names the file's own line. A span without documents is no error.
 
     Raises:
         UsageError: an unreadable or empty file, or a bad line without `skip_bad_lines`.
@@ -79,24 +84,45 @@ def read_documents(path: str | Path, text_key: str = "text", key_fields: tuple[s
     except OSError as exc:
         raise UsageError(f"{path}: cannot read ({exc.strerror}); check the path") from None
     seen_any = False
+    start, end = span or (0, None)
     with f:
+        if start:
+            f.seek(start - 1)
+            if f.read(1) != b"\n":
+                start += len(f.readline())  # the line under way at `start` belongs to the span before
+        pos = start
         for n, raw in enumerate(f, start=1):
+            if end is not None and pos >= end:
+                break
+            pos += len(raw)
             if not raw.strip():
                 continue
             seen_any = True
             problem, obj = _problem(raw, text_key)
             if problem:
                 if not skip_bad_lines:
-                    raise UsageError(f"{path}:{n}: {problem}; fix the line or pass --skip-bad-lines to skip "
+                    line = _line_number(path, pos - len(raw)) if span else n
+                    raise UsageError(f"{path}:{line}: {problem}; fix the line or pass --skip-bad-lines to skip "
                                      "and count such lines")
                 if bad is not None:
                     bad["bad_lines"] += 1
                 continue
             key = next((str(obj[k]) for k in key_fields if obj.get(k) not in (None, "")), f"line:{n}")
             yield Document(n, key, obj[text_key], obj)
-    if not seen_any:
+    if not seen_any and span is None:
         raise UsageError(f"{path}: the file is empty; expected loose JSON, one object per line "
                          f'(e.g. {{"text": "...", "url": "..."}})')
+
+
+def _line_number(path: Path, offset: int) -> int:
+    """The 1-based line of `path` that starts at byte `offset` (read up to it: for error messages only)."""
+    newlines = 0
+    with open(path, "rb") as f:
+        while offset > 0:
+            block = f.read(min(offset, 1 << 24))
+            newlines += block.count(b"\n")
+            offset -= len(block)
+    return newlines + 1
 
 
 class JsonlWriter:
