@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpt2forge.core.runtime import LossScaler  # noqa: E402
+from gpt2forge.core.loss_scaler import LossScaler  # noqa: E402
 from gpt2forge.model.config import ModelConfig  # noqa: E402
 from gpt2forge.model.gpt2 import GPT2LMHeadModel  # noqa: E402
 from gpt2forge.parallel.strategy import ParallelRequest, build_strategy  # noqa: E402

@@ -131,7 +131,9 @@ def _build_ours(args, device, precision, cfg, model):
     """A `step.Run` around the compiled model; returns (step fn, info)."""
     import torch
 
-    from gpt2forge.core.runtime import LossScaler, configure_host_allocator, deterministic_algorithms
+    from gpt2forge.core.determinism import deterministic_algorithms
+    from gpt2forge.core.loss_scaler import LossScaler
+    from gpt2forge.core.runtime import configure_host_allocator
     from gpt2forge.ops.fp_mode import flush_denormals
     from gpt2forge.parallel.data_parallel import DataParallelStrategy
     from gpt2forge.parallel.strategy import ParallelRequest
@@ -172,7 +174,7 @@ def _build_transformers(args, device, precision, cfg, model):
     import torch
     import transformers
 
-    from gpt2forge.core.runtime import autocast
+    from gpt2forge.core.precision import autocast
     from gpt2forge.model.checkpoint import to_hf_state_dict
     from gpt2forge.parallel.optimizer_state import param_groups
 
@@ -271,7 +273,8 @@ def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
     """Build, then answer ("step", None) with one step's times and ("finish", None) with peak memory."""
     import torch
 
-    from gpt2forge.core.runtime import configure_matmul, resolve_device, synchronize
+    from gpt2forge.core.precision import configure_matmul
+    from gpt2forge.core.runtime import resolve_device, synchronize
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
     device = resolve_device(args.device)
@@ -463,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
           f"B={args.batch_size}, T={args.seq_len}, {args.warmup} warm-up + {args.steps} timed steps, "
           f"device {device} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads), "
           f"torch {torch.__version__}")
-    from gpt2forge.core.runtime import cpu_half_matmul_is_emulated
+    from gpt2forge.core.precision import cpu_half_matmul_is_emulated
 
     emulated = [x for x in args.precisions if device.type == "cpu" and cpu_half_matmul_is_emulated(x)]
     action = "measured anyway (--include-emulated)" if args.include_emulated else "skipped; --include-emulated runs it"

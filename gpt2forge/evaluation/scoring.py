@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.core.runtime import autocast
+from gpt2forge.core.precision import autocast
 from gpt2forge.evaluation.protocol import (
     ClozeExample,
     ClozeResult,

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt2forge.core.runtime import cpu_half_matmul_is_emulated
+from gpt2forge.core.precision import cpu_half_matmul_is_emulated
 from gpt2forge.ops import library as custom_ops
 
 GEMV_MAX_ROWS = 16

@@ -20,14 +20,8 @@ from torch.utils.data import DataLoader
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import (
-    PRECISION_DTYPES,
-    configure_matmul,
-    maybe_compile,
-    resolve_device,
-    resolve_precision,
-    synchronize,
-)
+from gpt2forge.core.precision import PRECISION_DTYPES, configure_matmul, resolve_precision
+from gpt2forge.core.runtime import maybe_compile, resolve_device, synchronize
 from gpt2forge.data import DataRequest, collate, load_datasets
 from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.build import build_model

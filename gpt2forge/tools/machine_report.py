@@ -104,7 +104,7 @@ def _fast_paths(torch, ops: dict[str, Any]) -> dict[str, Any]:
         "OpenMP": torch.backends.openmp.is_available(),
     }
     if cuda:
-        from gpt2forge.core.runtime import gpu_has_native_bf16  # imports torch: only here, as the caller does
+        from gpt2forge.core.precision import gpu_has_native_bf16  # imports torch: only here, as the caller does
 
         out.update({"SDPA flash": torch.backends.cuda.flash_sdp_enabled(),
                     "SDPA memory-efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import RunError, UsageError, naming_gpu_failures
-from gpt2forge.core.runtime import LossScaler, autocast
+from gpt2forge.core.loss_scaler import LossScaler
+from gpt2forge.core.precision import autocast
 from gpt2forge.data import IGNORE_INDEX, ShardedStream, collate, split_batch
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.config import ModelConfig

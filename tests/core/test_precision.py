@@ -7,7 +7,7 @@ import torch
 
 import gpt2forge.core.precision as precision
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import resolve_precision
+from gpt2forge.core.precision import resolve_precision
 
 
 @pytest.fixture()
@@ -70,7 +70,7 @@ def test_a_damaged_cache_is_measured_again(probe):
 
 
 def test_resolve_precision_auto_on_the_cpu_says_what_it_chose_and_why(probe, monkeypatch, capsys):
-    monkeypatch.setattr("gpt2forge.core.runtime.cpu_half_matmul_is_emulated", lambda p: False)
+    monkeypatch.setattr("gpt2forge.core.precision.cpu_half_matmul_is_emulated", lambda p: False)
     assert resolve_precision("auto", torch.device("cpu")) == "bf16"
     assert "Precision: bf16 (--precision auto: bf16 autocast ran" in capsys.readouterr().out
 

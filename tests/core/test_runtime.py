@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import LossScaler, loader_workers, resolve_device, resolve_precision
+from gpt2forge.core.loss_scaler import LossScaler
+from gpt2forge.core.precision import resolve_precision
+from gpt2forge.core.runtime import loader_workers, resolve_device
 
 
 def _params_with_grads(*values):
@@ -101,11 +103,11 @@ def test_host_allocator_setting_applies_once_and_yields_to_the_environment():
 
 
 def test_emulated_half_precision_on_cpu_is_announced(monkeypatch, capsys):
-    from gpt2forge.core import log, runtime
+    from gpt2forge.core import log, precision
 
-    assert runtime.cpu_half_matmul_is_emulated("fp32") is False
+    assert precision.cpu_half_matmul_is_emulated("fp32") is False
     monkeypatch.setattr(log, "_seen_notices", set())  # notices print once per process
-    monkeypatch.setattr(runtime, "cpu_half_matmul_is_emulated", lambda precision: precision == "bf16")
+    monkeypatch.setattr(precision, "cpu_half_matmul_is_emulated", lambda precision: precision == "bf16")
     assert resolve_precision("bf16", torch.device("cpu")) == "bf16"
     assert "--precision bf16: this CPU has no bf16 matmul kernels" in capsys.readouterr().err
     assert resolve_precision("fp16", torch.device("cpu")) == "fp16"

@@ -154,7 +154,7 @@ def test_same_seed_is_bit_reproducible_compiled(tiny_config, tmp_path, capsys):
 
 
 def test_deterministic_mode_is_set_for_the_run_only():
-    from gpt2forge.core.runtime import deterministic_algorithms
+    from gpt2forge.core.determinism import deterministic_algorithms
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for mode, device, want in (("auto", cpu, True), ("false", cpu, False), ("auto", cuda, False)):
