@@ -27,45 +27,45 @@ class DataArgs:
     for jsonl and text; for hf a datasets folder (save_to_disk, or data files), a dataset name in the local datasets
     cache, or .txt/.json/.jsonl/.csv files or globs (run_clm's --train_file)"""
     train_data_path: list[str] | None = opt(None, kind="list_str")
-    """(new) mmap: training data alone ('[W1] PREFIX1 ...'), with --valid-data-path and --test-data-path instead of
+    """mmap: training data alone ('[W1] PREFIX1 ...'), with --valid-data-path and --test-data-path instead of
     --split (Megatron's)"""
     valid_data_path: list[str] | None = opt(None, kind="list_str")
-    """(new) mmap: validation data ('[W1] PREFIX1 ...'); jsonl and text: validation files, the --input-files still split
+    """mmap: validation data ('[W1] PREFIX1 ...'); jsonl and text: validation files, the --input-files still split
     by --split (seed 001's Megatron --valid-data; mmap with --input-files too); hf: validation files of the
     --input-files kind (run_clm's --validation_file)"""
     test_data_path: list[str] | None = opt(None, kind="list_str")
-    """(new) mmap: test data ('[W1] PREFIX1 ...'); jsonl and text: test files, the --input-files still split by --split;
+    """mmap: test data ('[W1] PREFIX1 ...'); jsonl and text: test files, the --input-files still split by --split;
     evaluated at the end of training."""
     json_key: str = opt("text")
-    """(new) jsonl: the key holding each document's text (Megatron's --json-keys); hf: the text column (when the data
+    """jsonl: the key holding each document's text (Megatron's --json-keys); hf: the text column (when the data
     has no such column and this is `text`: the first column, as run_clm)"""
     data_cache_dir: str | None = opt(None)
-    """(new) jsonl, text and hf: where the tokenized cache (.bin/.idx; hf: .npy blocks) and its manifest are written
+    """jsonl, text and hf: where the tokenized cache (.bin/.idx; hf: .npy blocks) and its manifest are written
     (default: a .gpt2forge_cache folder beside the first input file or the dataset folder; hf dataset names: in the
     datasets cache)"""
     dataset_config_name: str | None = opt(None)
-    """(new) hf: the dataset's configuration name (run_clm's --dataset_config_name)"""
+    """hf: the dataset's configuration name (run_clm's --dataset_config_name)"""
     validation_split_percentage: int = opt(5)
-    """(new) hf with no validation split or --valid-data-path: the first N percent of the training records are the
+    """hf with no validation split or --valid-data-path: the first N percent of the training records are the
     validation set, the rest train (run_clm's; 0: no validation)"""
     keep_linebreaks: bool = opt(True, kind="bool")
-    """(new) hf: .txt records keep each line's newline (run_clm_no_trainer's default; --keep-linebreaks False is its
+    """hf: .txt records keep each line's newline (run_clm_no_trainer's default; --keep-linebreaks False is its
     --no_keep_linebreaks)"""
     preprocessing_workers: int | None = opt(None)
-    """(new) hf: processes tokenizing (run_clm's --preprocessing_num_workers; default: this process); as in run_clm it
+    """hf: processes tokenizing (run_clm's --preprocessing_num_workers; default: this process); as in run_clm it
     changes the blocks, since each worker drops its batches' remainders."""
     overwrite_cache: bool = opt(False, kind="bool")
-    """(new) hf: rebuild the tokenized blocks even when cached (run_clm's --overwrite_cache)"""
+    """hf: rebuild the tokenized blocks even when cached (run_clm's --overwrite_cache)"""
     loss_on: str = opt("all", choices=("all", "completion"))
-    """(new) which tokens carry loss: all | completion (prompt/completion JSONL: prompt tokens are masked)"""
+    """which tokens carry loss: all | completion (prompt/completion JSONL: prompt tokens are masked)"""
     reset_position_ids: bool = opt(False, kind="bool")
-    """(new) positions restart at 0 after each end-of-document token (Megatron's)"""
+    """positions restart at 0 after each end-of-document token (Megatron's)"""
     reset_attention_mask: bool = opt(False, kind="bool")
-    """(new) a token attends only within its own document of a packed sample (block-causal mask; Megatron's)"""
+    """a token attends only within its own document of a packed sample (block-causal mask; Megatron's)"""
     eod_mask_loss: bool = opt(False, kind="bool")
-    """(new) no loss where the input token is end-of-document, i.e. on the next document's first token (Megatron's)"""
+    """no loss where the input token is end-of-document, i.e. on the next document's first token (Megatron's)"""
     tokenizer_name_or_path: str | None = opt(None)
-    """(new) local tokenizer folder the data was made with (data/train_tokenizer.py output: tokenizer.json, or
+    """local tokenizer folder the data was made with (data/train_tokenizer.py output: tokenizer.json, or
     vocab.json + merges.txt); a fresh model takes its vocab_size and checkpoints ship its files; default: GPT-2's
     BPE."""
     stride: int = opt(128)
@@ -73,16 +73,16 @@ class DataArgs:
     val_num: int = opt(0)
     """Pickle: windows held out for validation (evaluated after each epoch)"""
     windows: str | None = opt(None, choices=WINDOWS)
-    """(new) pickle: how training windows are drawn: document (the reference's: per document, overlapping tail, short
+    """pickle: how training windows are drawn: document (the reference's: per document, overlapping tail, short
     documents padded, documents under --max-len/2 tokens dropped) | packed (documents end to end, cut every --stride
     tokens, as Megatron) | random (uniform starts in that stream each epoch, as nanoGPT); default: document, or packed
     when document windows would drop more than half of the tokens (a corpus of short documents); validation windows
     are the same in all three."""
     split: str = opt("969,30,1")
-    """(new) mmap and tfrecord: train,valid,test weights over documents (mmap) or records (tfrecord), Megatron's
+    """mmap and tfrecord: train,valid,test weights over documents (mmap) or records (tfrecord), Megatron's
     --split; valid is evaluated as validation loss."""
     verify: bool = opt(False, kind="bool")
-    """(new) tfrecord: read every record on open and check its CRCs, payload and token ids (mmap data is always checked
+    """tfrecord: read every record on open and check its CRCs, payload and token ids (mmap data is always checked
     on open)"""
     seed: int = opt(1234)
     """Seeds weights, dropout and data order: CPU runs are bit-reproducible."""

@@ -19,68 +19,73 @@ import os
 from typing import Any
 
 from gpt2forge.core import log
-from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.config_file import Key, Settings, key_table
 from gpt2forge.frontends.python_config import Symbol, read_config_file
 
-KEYS: dict[str, str] = {
-    "BATCH_SIZE": "`--batch-size`",
-    "NUM_EPOCHS": "`--epochs`; and the schedule of Colossal-AI's train_gpt.py (LinearWarmupLR over NUM_EPOCHS "
-                  "with 5 warm-up epochs): `--lr-schedule linear --lr-warmup 5/NUM_EPOCHS`",
-    "SEQ_LEN": "`--max-len`",
-    "gradient_accumulation": "`--gradient-accumulation`",
-    "clip_grad_norm": "`--max-grad-norm`",
-    "zero.model_config": "a sharded model (Colossal-AI's ZeRO-3): `--zero-stage 3`",
-    "zero.model_config.tensor_placement_policy": "cpu or auto: `--offload full`; cuda: `--offload none`",
-    "zero.model_config.offload_config.device": "cpu: `--offload full`",
-    "zero.model_config.shard_strategy": "(accepted: FSDP2 shards every tensor)",
-    "zero.model_config.reuse_fp16_shard": "(accepted: FSDP2 keeps its own gathered copies)",
-    "zero.optimizer_config.cpu_offload": "true: `--offload optimizer` (unless the model is offloaded: full)",
-    "zero.optimizer_config.initial_scale": "`--initial-loss-scale` (fp16)",
-    "zero.optimizer_config.min_scale": "`--min-loss-scale` (fp16)",
-    "zero.optimizer_config.growth_interval": "`--loss-scale-window` (fp16)",
-    "zero.optimizer_config.hysteresis": "`--loss-scale-hysteresis` (fp16)",
-    "zero.level": "`--zero-stage` 2 or 3 (Colossal-AI's older ZeRO config)",
-    "zero.cpu_offload": "true: `--offload optimizer`",
-    "zero.offload_optimizer_config.device": "cpu: `--offload optimizer`",
-    "zero.offload_param_config.device": "cpu with level 3: `--offload full`",
-    "zero.clip_grad": "`--max-grad-norm`",
-    "zero.dynamic_loss_scale": "`--auto-loss-scaling` (fp16)",
-    "zero.overlap_comm": "(accepted: FSDP2 overlaps its communication)",
-    "fp16.mode": "`--precision fp16 --auto-loss-scaling true` (Colossal-AI's DynamicGradScaler: initial scale "
-                 "2**16, window 1000, hysteresis 2)",
-    "fp16.initial_scale": "`--initial-loss-scale`",
-    "fp16.min_scale": "`--min-loss-scale`",
-    "fp16.growth_interval": "`--loss-scale-window`",
-    "fp16.hysteresis": "`--loss-scale-hysteresis`",
-    "optimizer.type": "HybridAdam, CPUAdam, FusedAdam (adamw_mode true, their default), AdamW: `--optimizer AdamW`; "
-                      "Adam or adamw_mode false: `--optimizer Adam` (L2 weight decay); Lamb, FusedLAMB: `LAMB`",
-    "optimizer.lr": "`--learning-rate`",
-    "optimizer.weight_decay": "`--weight-decay`",
-    "optimizer.betas": "`--adam-beta1`, `--adam-beta2`",
-    "optimizer.eps": "`--adam-eps`",
-    "optimizer.adamw_mode": "see optimizer.type",
-    "model.type": "gpt2_small, gpt2_medium, gpt2_large, gpt2_xl: `--model gpt2|gpt2-medium|gpt2-large|gpt2-xl`; "
-                  "the example's GPT2_small_pipeline_1D/_hybrid: `gpt2`, GPT2_exlarge_pipeline_1D/_hybrid: `gpt2-xl "
-                  "--num-attention-heads 32`",
-    "model.checkpoint": "true: `--recompute-checkpoint-every-layer`",
-    "model.dim": "`--hidden-size`",
-    "model.hidden_size": "`--hidden-size`",
-    "model.depth": "`--num-layers`",
-    "model.num_layers": "`--num-layers`",
-    "model.num_heads": "`--num-attention-heads`",
-    "model.num_attention_heads": "`--num-attention-heads`",
-    "model.max_position_embeddings": "`--max-position-embeddings`",
-    "model.dtype": "torch.half: `--precision fp16`; torch.bfloat16: `bf16`; torch.float: `fp32`",
-    "parallel.pipeline": "`--ipus-per-replica` and `--layers-per-ipu`: the model's blocks split as Colossal-AI's "
-                         "uniform partition splits them (the later stages take the remainder)",
-    "NUM_MICRO_BATCHES": "with parallel.pipeline: `--batch-size` BATCH_SIZE / NUM_MICRO_BATCHES, "
-                         "`--gradient-accumulation` x NUM_MICRO_BATCHES",
-    "model.num_chunks": "1 (the interleaved schedule is not here)",
-    "parallel.tensor.size": "with mode '1d': `--tensor-model-parallel-size`",
-    "parallel.tensor.mode": "'1d' (Megatron's) or None",
-    "DATA": "(environment variable, read by Colossal-AI's train_gpt.py) `--dataset jsonl --input-files $DATA`, "
-            "unless the command line names the data",
-}
+KEY_ROWS: tuple[Key, ...] = (
+    Key(name="BATCH_SIZE", field="batch_size"),
+    Key(name="NUM_EPOCHS", help="`--epochs`; and the schedule of Colossal-AI's train_gpt.py (LinearWarmupLR over "
+                                "NUM_EPOCHS with 5 warm-up epochs): `--lr-schedule linear --lr-warmup 5/NUM_EPOCHS`"),
+    Key(name="SEQ_LEN", field="max_len"),
+    Key(name="gradient_accumulation", field="gradient_accumulation"),
+    Key(name="clip_grad_norm", field="max_grad_norm"),
+    Key(name="zero.model_config", help="a sharded model (Colossal-AI's ZeRO-3): `--zero-stage 3`"),
+    Key(name="zero.model_config.tensor_placement_policy", help="cpu or auto: `--offload full`; cuda: `--offload none`"),
+    Key(name="zero.model_config.offload_config.device", help="cpu: `--offload full`"),
+    Key(name="zero.model_config.shard_strategy", help="(accepted: FSDP2 shards every tensor)"),
+    Key(name="zero.model_config.reuse_fp16_shard", help="(accepted: FSDP2 keeps its own gathered copies)"),
+    Key(name="zero.optimizer_config.cpu_offload",
+        help="true: `--offload optimizer` (unless the model is offloaded: full)"),
+    Key(name="zero.optimizer_config.initial_scale", field="initial_loss_scale", note="(fp16)"),
+    Key(name="zero.optimizer_config.min_scale", field="min_loss_scale", note="(fp16)"),
+    Key(name="zero.optimizer_config.growth_interval", field="loss_scale_window", note="(fp16)"),
+    Key(name="zero.optimizer_config.hysteresis", field="loss_scale_hysteresis", note="(fp16)"),
+    Key(name="zero.level", field="zero_stage", note="2 or 3 (Colossal-AI's older ZeRO config)"),
+    Key(name="zero.cpu_offload", help="true: `--offload optimizer`"),
+    Key(name="zero.offload_optimizer_config.device", help="cpu: `--offload optimizer`"),
+    Key(name="zero.offload_param_config.device", help="cpu with level 3: `--offload full`"),
+    Key(name="zero.clip_grad", field="max_grad_norm"),
+    Key(name="zero.dynamic_loss_scale", field="auto_loss_scaling", note="(fp16)"),
+    Key(name="zero.overlap_comm", help="(accepted: FSDP2 overlaps its communication)"),
+    Key(name="fp16.mode", help="`--precision fp16 --auto-loss-scaling true` (Colossal-AI's DynamicGradScaler: initial "
+                               "scale 2**16, window 1000, hysteresis 2)"),
+    Key(name="fp16.initial_scale", field="initial_loss_scale"),
+    Key(name="fp16.min_scale", field="min_loss_scale"),
+    Key(name="fp16.growth_interval", field="loss_scale_window"),
+    Key(name="fp16.hysteresis", field="loss_scale_hysteresis"),
+    Key(name="optimizer.type", help="HybridAdam, CPUAdam, FusedAdam (adamw_mode true, their default), AdamW: "
+                                    "`--optimizer AdamW`; Adam or adamw_mode false: `--optimizer Adam` (L2 weight "
+                                    "decay); Lamb, FusedLAMB: `LAMB`"),
+    Key(name="optimizer.lr", field="learning_rate"),
+    Key(name="optimizer.weight_decay", field="weight_decay"),
+    Key(name="optimizer.betas", help="`--adam-beta1`, `--adam-beta2`"),
+    Key(name="optimizer.eps", field="adam_eps"),
+    Key(name="optimizer.adamw_mode", help="see optimizer.type"),
+    Key(name="model.type", help="gpt2_small, gpt2_medium, gpt2_large, gpt2_xl: `--model gpt2|gpt2-medium|gpt2-large|"
+                                "gpt2-xl`; the example's GPT2_small_pipeline_1D/_hybrid: `gpt2`, "
+                                "GPT2_exlarge_pipeline_1D/_hybrid: `gpt2-xl --num-attention-heads 32`"),
+    Key(name="model.checkpoint", help="true: `--recompute-checkpoint-every-layer`"),
+    Key(name="model.dim", field="hidden_size"),
+    Key(name="model.hidden_size", field="hidden_size"),
+    Key(name="model.depth", field="num_layers"),
+    Key(name="model.num_layers", field="num_layers"),
+    Key(name="model.num_heads", field="num_attention_heads"),
+    Key(name="model.num_attention_heads", field="num_attention_heads"),
+    Key(name="model.max_position_embeddings", field="max_position_embeddings"),
+    Key(name="model.dtype", help="torch.half: `--precision fp16`; torch.bfloat16: `bf16`; torch.float: `fp32`"),
+    Key(name="parallel.pipeline", help="`--ipus-per-replica` and `--layers-per-ipu`: the model's blocks split as "
+                                       "Colossal-AI's uniform partition splits them (the later stages take the "
+                                       "remainder)"),
+    Key(name="NUM_MICRO_BATCHES", help="with parallel.pipeline: `--batch-size` BATCH_SIZE / NUM_MICRO_BATCHES, "
+                                       "`--gradient-accumulation` x NUM_MICRO_BATCHES"),
+    Key(name="model.num_chunks", help="1 (the interleaved schedule is not here)"),
+    Key(name="parallel.tensor.size", help="with mode '1d': `--tensor-model-parallel-size`"),
+    Key(name="parallel.tensor.mode", help="'1d' (Megatron's) or None"),
+    Key(name="DATA", help="(environment variable, read by Colossal-AI's train_gpt.py) `--dataset jsonl --input-files "
+                          "$DATA`, unless the command line names the data"),
+)
+"""Every setting read, with what it becomes here (docs/training.md shows it)."""
+KEYS: dict[str, str] = key_table(KEY_ROWS)
 """Every setting read (dotted path) -> what it becomes here."""
 
 _EXLARGE = {"model": "gpt2-xl", "num_attention_heads": 32}  # 48 blocks of 1600 as GPT-2 XL, 32 heads (XL: 25)
@@ -102,50 +107,8 @@ DTYPES = {"half": "fp16", "float16": "fp16", "bfloat16": "bf16", "float": "fp32"
 _ACCEPTED = ("zero.model_config.shard_strategy", "zero.model_config.reuse_fp16_shard", "zero.overlap_comm")
 
 
-class _Apply:
-    """One file's settings applied to flat TrainConfig values: `read` and `ignored` are dotted paths."""
-
-    def __init__(self, path: str, settings: dict[str, Any]):
-        self.path, self.settings = path, settings
-        self.values: dict[str, Any] = {}
-        self.read: list[str] = []
-
-    def get(self, key: str, default: Any = None) -> Any:
-        assert key in KEYS, key  # every setting read is documented
-        node: Any = self.settings
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        self.read.append(key)
-        return node
-
-    def refuse(self, key: str, value: Any, fix: str) -> UsageError:
-        shown = value.name if isinstance(value, Symbol) else value
-        return UsageError(f"--config {self.path}: {key} {shown!r}: {fix}")
-
-    def number(self, key: str, kind: type, default: Any = None) -> Any:
-        value = self.get(key, default)
-        if value is None or value is default:
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise self.refuse(key, value, f"must be {'a whole number' if kind is int else 'a number'}")
-        return kind(value)
-
-    def ignored(self) -> list[str]:
-        return [key for key in _leaves(self.settings) if key not in self.read and key not in _ACCEPTED]
-
-
-def _leaves(node: dict, prefix: str = "") -> list[str]:
-    """Dotted paths of the leaves of the settings (dicts are walked)."""
-    out = []
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out += _leaves(value, path + ".")  # an empty dict (`optimizer_config=dict()`) sets nothing
-        else:
-            out.append(path)
-    return out
+def _show(value: Any) -> str:
+    return repr(value.name if isinstance(value, Symbol) else value)
 
 
 def colossal_values(path: str, data_given: bool = False, environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -160,7 +123,7 @@ def colossal_values(path: str, data_given: bool = False, environ: dict[str, str]
     Raises:
         UsageError: see `read_config_file`, and values that cannot be reproduced here (one line with the fix).
     """
-    a = _Apply(path, read_config_file(path, KNOWN_NAMES))
+    a = Settings(path, read_config_file(path, KNOWN_NAMES), KEY_ROWS, where=f"--config {path}", show=_show)
     _batch(a)
     _zero(a)
     _precision(a)
@@ -172,7 +135,7 @@ def colossal_values(path: str, data_given: bool = False, environ: dict[str, str]
         a.read.append("DATA")
     if a.values:
         log.info(f"--config {path} (Colossal-AI's) stands for: {_as_flags(a.values)}")
-    ignored = a.ignored()
+    ignored = [key for key in a.leaves() if key not in a.read and key not in _ACCEPTED]
     if ignored:
         log.notice(f"--config {path}: no meaning here, ignored: {', '.join(ignored)}")
     return a.values
@@ -188,19 +151,14 @@ def _as_flags(values: dict[str, Any]) -> str:
     return " ".join(words)
 
 
-def _batch(a: _Apply) -> None:
+def _batch(a: Settings) -> None:
     size, mode = a.number("parallel.tensor.size", int, 1), a.get("parallel.tensor.mode")
     if size and size > 1:
         if mode != "1d":
             raise a.refuse("parallel.tensor.mode", mode, "only 1d tensor parallelism (Megatron's) runs here; "
                                                          "write mode='1d'")
         a.values["tensor_model_parallel_size"] = size
-    for key, field, kind in (("BATCH_SIZE", "batch_size", int), ("SEQ_LEN", "max_len", int),
-                             ("gradient_accumulation", "gradient_accumulation", int),
-                             ("clip_grad_norm", "max_grad_norm", float)):
-        value = a.number(key, kind)
-        if value is not None:
-            a.values[field] = value
+    a.copy("BATCH_SIZE", "SEQ_LEN", "gradient_accumulation", "clip_grad_norm")
     epochs = a.number("NUM_EPOCHS", int)
     if epochs is not None:
         a.values.update(epochs=epochs, lr_schedule="linear", lr_warmup=min(1.0, 5 / max(epochs, 1)))
@@ -209,7 +167,7 @@ def _batch(a: _Apply) -> None:
         _pipeline(a, pipeline)
 
 
-def _pipeline(a: _Apply, stages: int) -> None:
+def _pipeline(a: Settings, stages: int) -> None:
     """parallel.pipeline: the blocks split as Colossal-AI's uniform partition splits them (the later
     stages take the remainder), and BATCH_SIZE cut into NUM_MICRO_BATCHES micro-batches."""
     depth = a.number("model.depth", int) or a.number("model.num_layers", int)
@@ -234,14 +192,14 @@ def _pipeline(a: _Apply, stages: int) -> None:
         a.values["gradient_accumulation"] = a.values.get("gradient_accumulation", 1) * micro
 
 
-def _offload_device(a: _Apply, key: str) -> str | None:
+def _offload_device(a: Settings, key: str) -> str | None:
     device = a.get(key)
     if device not in (None, "cpu", "cuda", "auto"):
         raise a.refuse(key, device, "only cpu offload (pinned host memory) is available here; write 'cpu'")
     return device
 
 
-def _zero(a: _Apply) -> None:
+def _zero(a: Settings) -> None:
     zero = a.settings.get("zero")
     if not isinstance(zero, dict):
         return
@@ -256,12 +214,8 @@ def _zero(a: _Apply) -> None:
             a.values["offload"] = "optimizer"
         elif placement == "cuda":
             a.values["offload"] = "none"
-        for key, field, kind in (("zero.optimizer_config.initial_scale", "initial_loss_scale", float),
-                                 ("zero.optimizer_config.min_scale", "min_loss_scale", float),
-                                 ("zero.optimizer_config.growth_interval", "loss_scale_window", int),
-                                 ("zero.optimizer_config.hysteresis", "loss_scale_hysteresis", int)):
-            if (value := a.number(key, kind)) is not None:
-                a.values[field] = value
+        a.copy("zero.optimizer_config.initial_scale", "zero.optimizer_config.min_scale",
+               "zero.optimizer_config.growth_interval", "zero.optimizer_config.hysteresis")
         return
     level = a.number("zero.level", int)  # the older config: DeepSpeed's ZeRO under Colossal-AI's names
     if level is not None:
@@ -274,25 +228,19 @@ def _zero(a: _Apply) -> None:
         a.values["offload"] = "full"
     elif optimizer == "cpu" or a.get("zero.cpu_offload", False):
         a.values["offload"] = "optimizer"
-    if (clip := a.number("zero.clip_grad", float)) is not None:
-        a.values["max_grad_norm"] = clip
+    a.copy("zero.clip_grad")
     if a.get("zero.dynamic_loss_scale") is not None:
         a.values["auto_loss_scaling"] = bool(a.get("zero.dynamic_loss_scale"))
 
 
-def _precision(a: _Apply) -> None:
+def _precision(a: Settings) -> None:
     if a.get("fp16.mode") is not None or isinstance(a.settings.get("fp16"), dict):
         a.values.update(precision="fp16", auto_loss_scaling=True, initial_loss_scale=2.0 ** 16,
                         loss_scale_window=1000, loss_scale_hysteresis=2)
-        for key, field, kind in (("fp16.initial_scale", "initial_loss_scale", float),
-                                 ("fp16.min_scale", "min_loss_scale", float),
-                                 ("fp16.growth_interval", "loss_scale_window", int),
-                                 ("fp16.hysteresis", "loss_scale_hysteresis", int)):
-            if (value := a.number(key, kind)) is not None:
-                a.values[field] = value
+        a.copy("fp16.initial_scale", "fp16.min_scale", "fp16.growth_interval", "fp16.hysteresis")
 
 
-def _optimizer(a: _Apply) -> None:
+def _optimizer(a: Settings) -> None:
     if not isinstance(a.settings.get("optimizer"), dict):
         return
     kind = a.get("optimizer.type")
@@ -304,10 +252,7 @@ def _optimizer(a: _Apply) -> None:
     if name in _ADAMW_MODE and a.get("optimizer.adamw_mode", True) is False:
         adamw = "Adam"
     a.values["optimizer"] = adamw
-    for key, field in (("optimizer.lr", "learning_rate"), ("optimizer.weight_decay", "weight_decay"),
-                       ("optimizer.eps", "adam_eps")):
-        if (value := a.number(key, float)) is not None:
-            a.values[field] = value
+    a.copy("optimizer.lr", "optimizer.weight_decay", "optimizer.eps")
     betas = a.get("optimizer.betas")
     if betas is not None:
         if not (isinstance(betas, list) and len(betas) == 2):
@@ -315,16 +260,14 @@ def _optimizer(a: _Apply) -> None:
         a.values["adam_beta1"], a.values["adam_beta2"] = float(betas[0]), float(betas[1])
 
 
-def _model(a: _Apply) -> None:
+def _model(a: Settings) -> None:
     model = a.settings.get("model")
     if not isinstance(model, dict):
         return
-    for names, field in ((("dim", "hidden_size"), "hidden_size"), (("depth", "num_layers"), "num_layers"),
-                         (("num_heads", "num_attention_heads"), "num_attention_heads"),
-                         (("max_position_embeddings",), "max_position_embeddings")):
-        for name in names:
-            if name in model:
-                a.values[field] = a.number(f"model.{name}", int)
+    for name in ("dim", "hidden_size", "depth", "num_layers", "num_heads", "num_attention_heads",
+                 "max_position_embeddings"):
+        if name in model:
+            a.values[a.keys[f"model.{name}"].field] = a.field_value(f"model.{name}")
     kind = a.get("model.type")
     name = kind.leaf if isinstance(kind, Symbol) else kind
     if name in MODELS:

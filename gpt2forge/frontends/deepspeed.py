@@ -26,46 +26,54 @@ from typing import Any
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
+from gpt2forge.frontends.config_file import Key, Settings, key_table
 from gpt2forge.frontends.flag_table import Own, Parsed
 
-KEYS: dict[str, str] = {
-    "train_batch_size": "the global batch (gradient accumulation = it / (micro x data-parallel size))",
-    "train_micro_batch_size_per_gpu": "`--batch-size` (Megatron's `--micro-batch-size`)",
-    "gradient_accumulation_steps": "`--gradient-accumulation`",
-    "gradient_clipping": "`--max-grad-norm` (0: no clipping)",
-    "steps_per_print": "`--log-steps` (unless `--log-interval` is given)",
-    "fp16.enabled": "`--precision fp16`",
-    "fp16.loss_scale": "0: `--auto-loss-scaling true` (dynamic); else `--loss-scaling` (static)",
-    "fp16.initial_scale_power": "`--initial-loss-scale` 2**power (dynamic scaling; default 16)",
-    "fp16.loss_scale_window": "`--loss-scale-window` (default 1000)",
-    "fp16.hysteresis": "`--loss-scale-hysteresis` (default 2)",
-    "fp16.min_loss_scale": "`--min-loss-scale` (default 1)",
-    "fp16.consecutive_hysteresis": "false only (the hysteresis refills when the scale grows, as Megatron's)",
-    "bf16.enabled": "`--precision bf16` (also the older `bfloat16` block)",
-    "zero_optimization.stage": "`--zero-stage` 0-3",
-    "zero_optimization.offload_optimizer.device": "cpu: `--offload optimizer`; none: `--offload none`",
-    "zero_optimization.offload_optimizer.pin_memory": "(accepted: host buffers are always pinned here)",
-    "zero_optimization.offload_param.device": "cpu with stage 3: `--offload full` (DeepSpeed reads it only in "
-                                              "ZeRO-3)",
-    "zero_optimization.offload_param.pin_memory": "(accepted: host buffers are always pinned here)",
-    "optimizer.type": "Adam (with `adam_w_mode` true, DeepSpeed's default) and AdamW: `--optimizer AdamW`; Adam "
-                      "with `adam_w_mode` false: `--optimizer Adam` (L2 weight decay)",
-    "optimizer.params.lr": "`--learning-rate` (DeepSpeed's default 1e-3)",
-    "optimizer.params.betas": "`--adam-beta1`, `--adam-beta2`",
-    "optimizer.params.eps": "`--adam-eps`",
-    "optimizer.params.weight_decay": "`--weight-decay` (DeepSpeed's default 0)",
-    "optimizer.params.adam_w_mode": "see optimizer.type",
-    "optimizer.params.torch_adam": "(accepted: torch's fused Adam runs here)",
-    "scheduler.type": "WarmupLR: `--lr-schedule constant`; WarmupDecayLR: `linear`; WarmupCosineLR: `cosine`",
-    "scheduler.params.warmup_type": "linear only (DeepSpeed's default is log: write \"linear\")",
-    "scheduler.params.warmup_num_steps": "`--lr-warmup-steps` (at least 2, as DeepSpeed; default 1000)",
-    "scheduler.params.warmup_min_lr": "0 only (the warm-up starts at 0 here)",
-    "scheduler.params.warmup_min_ratio": "0 only (WarmupCosineLR)",
-    "scheduler.params.warmup_max_lr": "`--learning-rate` (WarmupLR: default the optimizer's; WarmupDecayLR: 1e-3)",
-    "scheduler.params.total_num_steps": "`--lr-decay-steps` (WarmupDecayLR, WarmupCosineLR)",
-    "scheduler.params.cos_min_ratio": "`--min-lr` = ratio x learning rate (WarmupCosineLR; default 0.0001)",
-    "scheduler.params.last_batch_iteration": "-1 only (resuming restores the schedule's position here)",
-}
+KEY_ROWS: tuple[Key, ...] = (
+    Key(name="train_batch_size", help="the global batch (gradient accumulation = it / (micro x data-parallel size))"),
+    Key(name="train_micro_batch_size_per_gpu", field="batch_size", note="(Megatron's `--micro-batch-size`)"),
+    Key(name="gradient_accumulation_steps", field="gradient_accumulation"),
+    Key(name="gradient_clipping", field="max_grad_norm", note="(0: no clipping)"),
+    Key(name="steps_per_print", field="log_steps", note="(unless `--log-interval` is given)"),
+    Key(name="fp16.enabled", help="`--precision fp16`"),
+    Key(name="fp16.loss_scale", help="0: `--auto-loss-scaling true` (dynamic); else `--loss-scaling` (static)"),
+    Key(name="fp16.initial_scale_power", field="initial_loss_scale", note="2**power (dynamic scaling; default 16)"),
+    Key(name="fp16.loss_scale_window", field="loss_scale_window", note="(default 1000)"),
+    Key(name="fp16.hysteresis", field="loss_scale_hysteresis", note="(default 2)"),
+    Key(name="fp16.min_loss_scale", field="min_loss_scale", note="(default 1)"),
+    Key(name="fp16.consecutive_hysteresis",
+        help="false only (the hysteresis refills when the scale grows, as Megatron's)"),
+    Key(name="bf16.enabled", help="`--precision bf16` (also the older `bfloat16` block)"),
+    Key(name="zero_optimization.stage", field="zero_stage", note="0-3"),
+    Key(name="zero_optimization.offload_optimizer.device", help="cpu: `--offload optimizer`; none: `--offload none`"),
+    Key(name="zero_optimization.offload_optimizer.pin_memory", help="(accepted: host buffers are always pinned here)"),
+    Key(name="zero_optimization.offload_param.device",
+        help="cpu with stage 3: `--offload full` (DeepSpeed reads it only in ZeRO-3)"),
+    Key(name="zero_optimization.offload_param.pin_memory", help="(accepted: host buffers are always pinned here)"),
+    Key(name="optimizer.type", help="Adam (with `adam_w_mode` true, DeepSpeed's default) and AdamW: `--optimizer "
+                                    "AdamW`; Adam with `adam_w_mode` false: `--optimizer Adam` (L2 weight decay)"),
+    Key(name="optimizer.params.lr", field="learning_rate", note="(DeepSpeed's default 1e-3)"),
+    Key(name="optimizer.params.betas", help="`--adam-beta1`, `--adam-beta2`"),
+    Key(name="optimizer.params.eps", field="adam_eps"),
+    Key(name="optimizer.params.weight_decay", field="weight_decay", note="(DeepSpeed's default 0)"),
+    Key(name="optimizer.params.adam_w_mode", help="see optimizer.type"),
+    Key(name="optimizer.params.torch_adam", help="(accepted: torch's fused Adam runs here)"),
+    Key(name="scheduler.type",
+        help="WarmupLR: `--lr-schedule constant`; WarmupDecayLR: `linear`; WarmupCosineLR: `cosine`"),
+    Key(name="scheduler.params.warmup_type", help="linear only (DeepSpeed's default is log: write \"linear\")"),
+    Key(name="scheduler.params.warmup_num_steps", field="lr_warmup_steps",
+        note="(at least 2, as DeepSpeed; default 1000)"),
+    Key(name="scheduler.params.warmup_min_lr", help="0 only (the warm-up starts at 0 here)"),
+    Key(name="scheduler.params.warmup_min_ratio", help="0 only (WarmupCosineLR)"),
+    Key(name="scheduler.params.warmup_max_lr", field="learning_rate",
+        note="(WarmupLR: default the optimizer's; WarmupDecayLR: 1e-3)"),
+    Key(name="scheduler.params.total_num_steps", field="lr_decay_steps", note="(WarmupDecayLR, WarmupCosineLR)"),
+    Key(name="scheduler.params.cos_min_ratio", field="min_lr",
+        note="= ratio x learning rate (WarmupCosineLR; default 0.0001)"),
+    Key(name="scheduler.params.last_batch_iteration", help="-1 only (resuming restores the schedule's position here)"),
+)
+"""Every ds.json key read, with what it becomes here (docs/megatron.md shows it)."""
+KEYS: dict[str, str] = key_table(KEY_ROWS)
 """Every ds.json key read (dotted path) -> what it becomes here."""
 
 SCHEDULES = {"WarmupLR": "constant", "WarmupDecayLR": "linear", "WarmupCosineLR": "cosine"}
@@ -127,32 +135,26 @@ def resolve_batch(train: int | None, micro: int | None, accumulation: int | None
     return train, micro, accumulation
 
 
-class _Apply:
+class _Apply(Settings):
     """One ds.json applied to one run's values (`run`: a Megatron command line's, whose `set_by` maps the
-    fields and settings the command line gave to its flag)."""
+    fields and settings the command line gave to its flag), with Megatron-DeepSpeed's precedence."""
 
     def __init__(self, path: str, config: dict, run: Parsed):
-        self.path, self.config, self.values, self.own, self.set_by = path, config, run.values, run.own, run.set_by
+        super().__init__(path, config, KEY_ROWS, where=path, show=json.dumps)
+        self.values, self.own, self.set_by = run.values, run.own, run.set_by
         self.ignored: list[str] = []
 
     def get(self, key: str, default: Any = None) -> Any:
-        assert key in KEYS, key  # every key read is documented
-        node: Any = self.config
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        if node == "auto":
+        value = super().get(key, default)
+        if isinstance(value, str) and value == "auto":
             raise UsageError(f"{self.path}: {key} is \"auto\", which Hugging Face's Trainer fills in, not DeepSpeed; "
                              "write the value")
-        return node
+        return value
 
-    def has(self, key: str) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
-
-    def engine(self, field: str | Own, value: Any, key: str) -> None:
-        """ds.json wins (DeepSpeed's engine owns it): a command-line value that differs is named. `field`: a
-        TrainConfig field, or an `Own` Megatron setting (its `MegatronOnly` record)."""
+    def engine(self, key: str, value: Any, field: str | Own | None = None) -> None:
+        """ds.json's `key` wins (DeepSpeed's engine owns it): a command-line value that differs is named. `field`: a
+        TrainConfig field, or an `Own` Megatron setting (its `MegatronOnly` record); default: the key's row's."""
+        field = field or self.keys[key].field
         own = isinstance(field, Own)
         before = getattr(self.own, field.field) if own else self.values.get(field)
         flag = self.set_by.get(field)
@@ -163,21 +165,17 @@ class _Apply:
         else:
             self.values[field] = value
 
-    def fill(self, fields: tuple[str, ...], value: Any, key: str) -> None:
-        """The command line wins (Megatron-DeepSpeed builds it from the flags): ds.json fills fields[0] when none
-        of `fields` (one setting's spellings, e.g. the warm-up in updates, samples or as a fraction) was given."""
+    def fill(self, key: str, value: Any, fields: tuple[str, ...] = ()) -> None:
+        """The command line wins (Megatron-DeepSpeed builds it from the flags): ds.json's `key` fills fields[0]
+        (default: the key's row's field) when none of `fields` (one setting's spellings, e.g. the warm-up in
+        updates, samples or as a fraction) was given."""
+        fields = fields or (self.keys[key].field,)
         given = next((f for f in fields if f in self.set_by), None)
         if given is None:
             self.values[fields[0]] = value
         elif given != fields[0] or self.values.get(given) != value:
             log.notice(f"{self.set_by[given]} {self.values.get(given)} wins over {key} {value} in {self.path}: "
                        "Megatron-DeepSpeed builds the optimizer, its schedule and its log from the flags")
-
-    def refuse(self, key: str, value: Any, fix: str) -> UsageError:
-        return UsageError(f"{self.path}: {key} {json.dumps(value)}: {fix}")
-
-
-_MISSING = object()
 
 
 def apply_deepspeed_config(path: str, run: Parsed, data_parallel: int) -> None:
@@ -200,25 +198,16 @@ def apply_deepspeed_config(path: str, run: Parsed, data_parallel: int) -> None:
     _batches(a, data_parallel)
     clip = a.get("gradient_clipping")
     if clip is not None:
-        a.engine("max_grad_norm", float(clip) if clip else None, "gradient_clipping")
+        a.engine("gradient_clipping", float(clip) if clip else None)
     _precision(a)
     _zero(a)
     _optimizer(a)
     _scheduler(a)
     if a.get("steps_per_print") is not None:
-        a.fill(("log_steps",), int(a.get("steps_per_print")), "steps_per_print")
-    ignored = [key for key in _leaves(config) if key not in KEYS] + a.ignored
+        a.fill("steps_per_print", int(a.get("steps_per_print")))
+    ignored = [key for key in a.leaves(empty_dicts=True) if key not in KEYS] + a.ignored
     if ignored:
         log.notice(f"{path}: no meaning here, ignored: {', '.join(ignored)}")
-
-
-def _leaves(node: dict, prefix: str = "") -> list[str]:
-    """Dotted paths of the leaves of a JSON object (lists are leaves)."""
-    out = []
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        out += _leaves(value, path + ".") if isinstance(value, dict) and value else [path]
-    return out
 
 
 def _whole(a: _Apply, key: str) -> int | None:
@@ -231,8 +220,8 @@ def _whole(a: _Apply, key: str) -> int | None:
 def _batches(a: _Apply, data_parallel: int) -> None:
     train, micro, _ = resolve_batch(_whole(a, "train_batch_size"), _whole(a, "train_micro_batch_size_per_gpu"),
                                     _whole(a, "gradient_accumulation_steps"), data_parallel)
-    a.engine("batch_size", micro, "train_micro_batch_size_per_gpu")
-    a.engine(Own("global_batch"), train, "train_batch_size")
+    a.engine("train_micro_batch_size_per_gpu", micro)
+    a.engine("train_batch_size", train, Own("global_batch"))
 
 
 def _precision(a: _Apply) -> None:
@@ -240,28 +229,28 @@ def _precision(a: _Apply) -> None:
     if fp16 and bf16:
         raise UsageError(f"{a.path}: bfloat16 and fp16 modes cannot be simultaneously enabled")
     if bf16:
-        a.engine("precision", "bf16", "bf16.enabled")
+        a.engine("bf16.enabled", "bf16", "precision")
     elif not fp16:
-        if "fp16" in a.config or "bf16" in a.config:  # blocks present, both off: DeepSpeed runs fp32
-            a.engine("precision", "fp32", "fp16.enabled")
+        if "fp16" in a.settings or "bf16" in a.settings:  # blocks present, both off: DeepSpeed runs fp32
+            a.engine("fp16.enabled", "fp32", "precision")
         return  # no block: the flags decide
     else:
-        a.engine("precision", "fp16", "fp16.enabled")
+        a.engine("fp16.enabled", "fp16", "precision")
         if a.get("fp16.consecutive_hysteresis", False):
             raise a.refuse("fp16.consecutive_hysteresis", True, "the hysteresis refills only when the scale grows "
                            "here (Megatron's and DeepSpeed's default); remove the key")
         static = a.get("fp16.loss_scale", 0)
         if static:
-            a.engine(Own("static_loss_scale"), float(static), "fp16.loss_scale")
+            a.engine("fp16.loss_scale", float(static), Own("static_loss_scale"))
             return
         if a.own.static_loss_scale is not None:
             log.notice(f"fp16.loss_scale 0 (dynamic) in {a.path} replaces {a.set_by[Own('static_loss_scale')]} "
                        f"{a.own.static_loss_scale}: DeepSpeed's engine takes ds.json's")
             a.own.static_loss_scale = None
-        a.engine("initial_loss_scale", 2.0 ** a.get("fp16.initial_scale_power", 16), "fp16.initial_scale_power")
-        a.engine("loss_scale_window", int(a.get("fp16.loss_scale_window", 1000)), "fp16.loss_scale_window")
-        a.engine("loss_scale_hysteresis", int(a.get("fp16.hysteresis", 2)), "fp16.hysteresis")
-        a.engine("min_loss_scale", float(a.get("fp16.min_loss_scale", 1)), "fp16.min_loss_scale")
+        a.engine("fp16.initial_scale_power", 2.0 ** a.get("fp16.initial_scale_power", 16))
+        a.engine("fp16.loss_scale_window", int(a.get("fp16.loss_scale_window", 1000)))
+        a.engine("fp16.hysteresis", int(a.get("fp16.hysteresis", 2)))
+        a.engine("fp16.min_loss_scale", float(a.get("fp16.min_loss_scale", 1)))
 
 
 def _offload_device(a: _Apply, key: str) -> str:
@@ -272,37 +261,36 @@ def _offload_device(a: _Apply, key: str) -> str:
 
 
 def _zero(a: _Apply) -> None:
-    if "zero_optimization" not in a.config:
+    if "zero_optimization" not in a.settings:
         return
     stage = a.get("zero_optimization.stage", 0)
     if stage not in (0, 1, 2, 3):
         raise a.refuse("zero_optimization.stage", stage, "ZeRO stages are 0, 1, 2 and 3")
-    a.engine("zero_stage", stage, "zero_optimization.stage")
+    a.engine("zero_optimization.stage", stage)
     optimizer = _offload_device(a, "zero_optimization.offload_optimizer.device")
     params = _offload_device(a, "zero_optimization.offload_param.device")
     if params == "cpu" and stage != 3:
         a.ignored.append("zero_optimization.offload_param (read by DeepSpeed in stage 3 only)")
     if params == "cpu" and stage == 3:
-        a.engine("offload", "full", "zero_optimization.offload_param.device")
+        a.engine("zero_optimization.offload_param.device", "full", "offload")
     elif a.has("zero_optimization.offload_optimizer.device"):
-        a.engine("offload", "optimizer" if optimizer == "cpu" else "none",
-                 "zero_optimization.offload_optimizer.device")
+        a.engine("zero_optimization.offload_optimizer.device", "optimizer" if optimizer == "cpu" else "none", "offload")
 
 
 def _optimizer(a: _Apply) -> None:
-    if "optimizer" not in a.config:
+    if "optimizer" not in a.settings:
         return
     kind = str(a.get("optimizer.type", ""))
     if kind.lower() not in ("adam", "adamw"):
         raise a.refuse("optimizer.type", kind, "Adam or AdamW through pretrain_gpt.py (train_gpt2.py also has LAMB)")
     adam_w = kind.lower() == "adamw" or bool(a.get("optimizer.params.adam_w_mode", True))
-    a.fill(("optimizer",), "AdamW" if adam_w else "Adam", "optimizer.type")
-    a.fill(("learning_rate",), float(a.get("optimizer.params.lr", 1e-3)), "optimizer.params.lr")
+    a.fill("optimizer.type", "AdamW" if adam_w else "Adam", ("optimizer",))
+    a.fill("optimizer.params.lr", float(a.get("optimizer.params.lr", 1e-3)))
     beta1, beta2 = a.get("optimizer.params.betas", [0.9, 0.999])
-    a.fill(("adam_beta1",), float(beta1), "optimizer.params.betas")
-    a.fill(("adam_beta2",), float(beta2), "optimizer.params.betas")
-    a.fill(("adam_eps",), float(a.get("optimizer.params.eps", 1e-8)), "optimizer.params.eps")
-    a.fill(("weight_decay",), float(a.get("optimizer.params.weight_decay", 0.0)), "optimizer.params.weight_decay")
+    a.fill("optimizer.params.betas", float(beta1), ("adam_beta1",))
+    a.fill("optimizer.params.betas", float(beta2), ("adam_beta2",))
+    a.fill("optimizer.params.eps", float(a.get("optimizer.params.eps", 1e-8)))
+    a.fill("optimizer.params.weight_decay", float(a.get("optimizer.params.weight_decay", 0.0)))
 
 
 _WARMUP = ("lr_warmup_steps", "lr_warmup", "lr_warmup_samples")
@@ -310,7 +298,7 @@ _DECAY = ("lr_decay_steps", "lr_decay_samples")
 
 
 def _scheduler(a: _Apply) -> None:
-    if "scheduler" not in a.config:
+    if "scheduler" not in a.settings:
         return
     kind = a.get("scheduler.type")
     if kind not in SCHEDULES:
@@ -331,14 +319,14 @@ def _scheduler(a: _Apply) -> None:
         raise UsageError(f"{a.path}: warmup_num_steps must be a positive integer, got {steps}")  # DeepSpeed's words
     peak = a.get("scheduler.params.warmup_max_lr", 1e-3 if kind == "WarmupDecayLR" else None)
     if peak is not None and kind != "WarmupCosineLR":
-        a.fill(("learning_rate",), float(peak), "scheduler.params.warmup_max_lr")
-    a.fill(("lr_schedule",), SCHEDULES[kind], "scheduler.type")
-    a.fill(_WARMUP, max(2, steps), "scheduler.params.warmup_num_steps")
+        a.fill("scheduler.params.warmup_max_lr", float(peak))
+    a.fill("scheduler.type", SCHEDULES[kind], ("lr_schedule",))
+    a.fill("scheduler.params.warmup_num_steps", max(2, steps), _WARMUP)
     if kind == "WarmupLR":
         return
     total = a.get("scheduler.params.total_num_steps")
     if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
         raise a.refuse("scheduler.params.total_num_steps", total, f"{kind} needs the schedule length in updates")
-    a.fill(_DECAY, total, "scheduler.params.total_num_steps")
+    a.fill("scheduler.params.total_num_steps", total, _DECAY)
     floor = float(a.get("scheduler.params.cos_min_ratio", 0.0001)) if kind == "WarmupCosineLR" else 0.0
-    a.fill(("min_lr",), floor * a.values.get("learning_rate", 0.0), "scheduler.params.cos_min_ratio")
+    a.fill("scheduler.params.cos_min_ratio", floor * a.values.get("learning_rate", 0.0))

@@ -1,20 +1,25 @@
 """Other tools' command lines -> TrainConfig: the machinery every foreign front end shares.
 
 A front end (`megatron` for Megatron-LM's `pretrain_gpt.py`, `run_clm` for Hugging Face's
-`run_clm_no_trainer.py`) is one table of `Flag` rows: a flag's spellings, its `--help` group, what
-it becomes here and its help line. A row's target is one of
-- a TrainConfig field name: the value is stored there (after the row's type conversion);
-- `Own("field")`: a setting of the other tool with no TrainConfig field (Megatron's global batch,
-  run_clm's --output_dir): stored on the front end's typed record of such settings (`FrontEnd.own`,
-  a dataclass), which the front end's named rules turn into TrainConfig values;
-- a function `(value, values) -> None` for what takes more than a rename;
-- `Refused("why")`: the flag exists in the other tool but has no meaning here; giving it stops with
-  one line that names it and says why (exit 2). Nothing is dropped silently.
-`FrontEnd.parse(argv)` returns a `Parsed`: the flat values the given flags set, the record of the
-tool's own settings and which flag set each; the front end then applies its tool's defaults and
-cross-flag rules and builds one TrainConfig, run by the one trainer. `equivalent_command(values)`
-is the same run in `train_gpt2.py`'s own flags (`--print-equivalent`), which is what the tests
-compare against.
+`run_clm_no_trainer.py`) is one table of keyword `Flag` rows: a flag's spellings and exactly one of
+what it becomes here:
+- `field="learning_rate"`: a TrainConfig field; the value is stored there, and the row's type and
+  `--help` are the field's own (written once, in the room that consumes it);
+- `own="global_batch"`: a setting of the other tool with no TrainConfig field (Megatron's global batch,
+  run_clm's --output_dir), stored on the front end's typed record of such settings (`FrontEnd.own`, a
+  dataclass), whose field gives the type and the help; the front end's named rules turn it into
+  TrainConfig values;
+- `sets={"precision": "fp16"}`: a switch that sets fields to fixed values (a renaming of `--precision
+  fp16`);
+- `rule=function`: `(value, values) -> None`, for what takes more than a rename;
+- `accepted="why"`: asks for what this trainer always does;
+- `refused="why"`: the flag exists in the other tool but has no meaning here; giving it stops with one
+  line that names it and says why (exit 2). Nothing is dropped silently.
+`group(name, *rows)` puts rows in a `--help` group. `FrontEnd.parse(argv)` returns a `Parsed`: the flat
+values the given flags set, the record of the tool's own settings and which flag set each; the front
+end then applies its tool's defaults and cross-flag rules and builds one TrainConfig, run by the one
+trainer. `equivalent_command(values)` is the same run in `train_gpt2.py`'s own flags
+(`--print-equivalent`), which is what the tests compare against.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.flags import flag
+from gpt2forge.core.flags import attribute_docs, flag, scalar_type
+from gpt2forge.frontends.graphcore import field_argument
 from gpt2forge.train.config import FIELD_SECTION, field_help
 
 
@@ -60,31 +67,77 @@ class Parsed:
     """A TrainConfig field (or an `Own` setting) -> the flag that set it, as the user spelt its row's first name."""
 
 
+_OF_TARGET: Any = object()
+"""`Flag.type` default: the type of the field the row stores (a switch for `sets`, else str)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
-    names: tuple[str, ...]
-    group: str
-    target: Target
-    help: str
-    type: Callable[[str], Any] | None = str
+    """One flag of the other tool (module doc): give `name` and exactly one of `field`, `own`, `sets`,
+    `rule`, `accepted`, `refused`."""
+
+    name: str
+    aliases: tuple[str, ...] = ()
+    """The flag's other spellings (older names)."""
+    field: str | None = None
+    own: str | None = None
+    sets: dict[str, Any] | None = None
+    rule: Callable[[Any, dict], None] | None = None
+    accepted: str | None = None
+    refused: str | None = None
+    note: str = ""
+    """A field or `own` row: what this tool's flag adds to the field's help (in parentheses after it)."""
+    help: str | None = None
+    """The `--help` line; None: the docstring of the field (or `own` setting) the row stores, or for `sets`
+    of the field it sets. A row that only renames a field carries none."""
+    type: Any = _OF_TARGET
     """Converts the value; None: a switch (no value, True when given)."""
     nargs: str | None = None
-    default: Any = argparse.SUPPRESS
-    """What a bare flag means when `nargs` is "?" (argparse's `const`)."""
+    const: Any = argparse.SUPPRESS
+    """What a bare flag means when `nargs` is "?"."""
     stands_for: tuple[str, ...] = ()
-    """The `train_gpt2.py` words this flag stands for when the target is a rule (`--dataset jsonl`,
+    """The `train_gpt2.py` words this flag stands for when the target is not a field (`--dataset jsonl`,
     `--input-files`): an error naming them names this flag instead (a field target stands for its own flag)."""
+    group: str = ""
+    """The `--help` group (set by `group`)."""
+
+    def __post_init__(self) -> None:
+        targets = [t for t in (self.field, self.own, self.sets, self.rule, self.accepted, self.refused)
+                   if t is not None]
+        assert len(targets) == 1, f"{self.name}: give exactly one of field, own, sets, rule, accepted, refused"
+        assert self.field is None or self.field in FIELD_SECTION, f"{self.name}: no TrainConfig field {self.field}"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    @property
+    def target(self) -> Target:
+        """What the parser does with the value: a field name, an `Own` setting, a function or a `Refused`."""
+        if self.field is not None:
+            return self.field
+        if self.own is not None:
+            return Own(self.own)
+        if self.refused is not None:
+            return Refused(self.refused)
+        if self.sets is not None:
+            return _setter(self.sets)
+        return self.rule or accept
 
     def our_words(self) -> tuple[str, ...]:
         """The `train_gpt2.py` flags (or flag-and-value phrases) this row stands for."""
-        own = (f"--{flag(self.target)}",) if isinstance(self.target, str) else ()
+        own = (f"--{flag(self.field)}",) if self.field is not None else ()
         return own + self.stands_for
 
 
-def switch_to(field_name: str, value: Any = True) -> Callable[[Any, dict], None]:
-    """A target that sets `field_name` to `value` whatever the flag's own value."""
+def group(name: str, *rows: Flag) -> tuple[Flag, ...]:
+    """`rows` in the `--help` group `name`."""
+    return tuple(dataclasses.replace(row, group=name) for row in rows)
+
+
+def _setter(fields: dict[str, Any]) -> Callable[[Any, dict], None]:
     def apply(_value, values: dict) -> None:
-        values[field_name] = value
+        values.update(fields)
     return apply
 
 
@@ -92,14 +145,17 @@ def accept(_value, _values: dict) -> None:
     """The target of flags that ask for what this trainer always does."""
 
 
-KFAC_FLAGS: tuple[Flag, ...] = (
-    Flag(("--kfac",), "K-FAC", switch_to("kfac"), field_help("kfac"), None),
-    *(Flag((f"--{flag(name)}",), "K-FAC", name, field_help(name), kind, nargs)
-      for name, kind, nargs in (("kfac_factor_update_steps", int, None), ("kfac_inv_update_steps", int, None),
-                                ("kfac_damping", float, None), ("kfac_factor_decay", float, None),
-                                ("kfac_kl_clip", float, None), ("kfac_skip_layers", str, "+"),
-                                ("kfac_compute_method", str, None))),
-)
+def _sets_words(fields: dict[str, Any]) -> str:
+    """`{"precision": "fp16"}` -> `--precision fp16` (True: the bare flag)."""
+    return " ".join(f"--{flag(k)}" if v is True else f"--{flag(k)} {str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in fields.items())
+
+
+KFAC_FLAGS: tuple[Flag, ...] = group(
+    "K-FAC", Flag(name="--kfac", sets={"kfac": True}),
+    *(Flag(name=f"--{flag(name)}", field=name) for name in (
+        "kfac_factor_update_steps", "kfac_inv_update_steps", "kfac_damping", "kfac_factor_decay", "kfac_kl_clip",
+        "kfac_skip_layers", "kfac_compute_method")))
 """K-FAC (docs/training.md#k-fac): gpt2forge's own flags, spelt the same in every front end."""
 
 
@@ -123,29 +179,73 @@ class FrontEnd:
                             help="print the same run as a train_gpt2.py command line, then exit")
         groups = {name: parser.add_argument_group(name) for name in self.groups}
         for i, row in enumerate(self.flags):
-            kw: dict[str, Any] = {"dest": f"flag{i}", "help": _help(row)}
-            if row.type is None:
+            kw: dict[str, Any] = {"dest": f"flag{i}", "help": self.help_line(row)}
+            kind, nargs, const = self.value_kind(row)
+            if kind is None:
                 kw.update(action="store_const", const=True)
             else:
-                kw.update(type=row.type, metavar=row.names[0].lstrip("-").replace("-", "_").upper())
-                if row.nargs:
-                    kw["nargs"] = row.nargs
-                if row.nargs == "?":
-                    kw["const"] = row.default
+                kw.update(type=kind, metavar=row.name.lstrip("-").replace("-", "_").upper())
+                if nargs:
+                    kw["nargs"] = nargs
+                if nargs == "?":
+                    kw["const"] = const
             groups[row.group].add_argument(*row.names, **kw)
         return parser
+
+    def value_kind(self, row: Flag) -> tuple[Any, str | None, Any]:
+        """(type, nargs, const) of `row`: its own, else its field's (a bool field takes `--flag [BOOL]`),
+        else its `own` setting's (a bool setting is a switch); `sets` rows are switches, the rest take a string."""
+        if row.type is not _OF_TARGET:
+            return row.type, row.nargs, row.const
+        if row.field is not None:
+            arg = field_argument(row.field)
+            return arg["type"], arg.get("nargs"), arg.get("const", argparse.SUPPRESS)
+        if row.own is not None:
+            hint = scalar_type(typing.get_type_hints(self.own)[row.own])
+            return (None if hint is bool else hint), row.nargs, row.const
+        return (None if row.sets is not None else str), row.nargs, row.const
+
+    def row_help(self, row: Flag) -> str:
+        """What the row means here: its own help, else its field's (or `own` setting's) docstring."""
+        if row.help is not None:
+            return row.help
+        if row.note:
+            return f"{self.row_help(dataclasses.replace(row, note=''))} ({row.note})"
+        if row.refused is not None or row.accepted is not None:
+            return row.refused or row.accepted
+        if row.own is not None:
+            return attribute_docs(self.own)[row.own]
+        if row.sets is not None:
+            return field_help(next(iter(row.sets)))
+        assert row.field is not None, f"{row.name}: a rule row needs help"
+        return field_help(row.field)
+
+    def help_line(self, row: Flag) -> str:
+        """The row's `--help` text: what it means, and the `train_gpt2.py` flag it stands for."""
+        if row.refused is not None:
+            return f"refused here: {row.refused}"
+        ours = self.our_flag(row)
+        return f"{self.row_help(row)} (train_gpt2.py {ours})" if ours else self.row_help(row)
+
+    @staticmethod
+    def our_flag(row: Flag) -> str:
+        """The `train_gpt2.py` flag a renaming row stands for (`--learning-rate`, `--precision fp16`), else ""."""
+        if row.field is not None:
+            return f"--{flag(row.field)}"
+        return _sets_words(row.sets) if row.sets is not None else ""
 
     def flag_table(self, tool: str) -> list[str]:
         """The Markdown table of the flags for the docs, one line per row ("refused" rows with their reason)."""
         lines = [f"| {tool} flag | Group | Here: `train_gpt2.py` flag, meaning |", "| --- | --- | --- |"]
         for row in self.flags:
             names = ", ".join(f"`{name}`" for name in row.names)
-            if isinstance(row.target, Refused):
-                here = f"refused: {row.target.why}"
-            elif isinstance(row.target, str):
-                here = f"`--{flag(row.target)}`: {row.help}"
+            ours = self.our_flag(row)
+            if row.refused is not None:
+                here = f"refused: {row.refused}"
+            elif ours:
+                here = f"`{ours}`: {self.row_help(row)}"
             else:
-                here = row.help
+                here = self.row_help(row)
             lines.append(f"| {names} | {row.group} | {cell(here)} |")
         return lines
 
@@ -160,18 +260,18 @@ class FrontEnd:
         parsed = Parsed({}, self.own() if self.own is not None else None, {})
         for key, value in given.items():
             row = self.flags[int(key.removeprefix("flag"))]
-            if isinstance(row.target, Refused):
-                raise UsageError(f"{row.names[0]}: {row.target.why}")
-            if isinstance(row.target, Own):
-                setattr(parsed.own, row.target.field, value)
-                parsed.set_by[row.target] = row.names[0]
+            if row.refused is not None:
+                raise UsageError(f"{row.name}: {row.refused}")
+            if row.own is not None:
+                setattr(parsed.own, row.own, value)
+                parsed.set_by[Own(row.own)] = row.name
                 continue
             before = dict(parsed.values)
-            if isinstance(row.target, str):
-                parsed.values[row.target] = value
+            if row.field is not None:
+                parsed.values[row.field] = value
             else:
                 row.target(value, parsed.values)
-            parsed.set_by.update({name: row.names[0] for name in parsed.values
+            parsed.set_by.update({name: row.name for name in parsed.values
                                   if name not in before or parsed.values[name] != before[name]})
         return parsed
 
@@ -189,7 +289,7 @@ class FrontEnd:
         order = sorted(range(len(self.flags)), key=lambda i: i not in given)  # given rows first, then table order
         for i in order:
             row = self.flags[i]
-            name = next((n for n in row.names if n in typed), row.names[0]) if i in given else row.names[0]
+            name = next((n for n in row.names if n in typed), row.name) if i in given else row.name
             for phrase in row.our_words():
                 words.setdefault(phrase, name)
         return words
@@ -218,14 +318,6 @@ class _Parser(argparse.ArgumentParser):
 def cell(text: str) -> str:
     """`text` inside a Markdown table cell."""
     return text.replace("|", "\\|")
-
-
-def _help(row: Flag) -> str:
-    if isinstance(row.target, Refused):
-        return f"refused here: {row.target.why}"
-    if isinstance(row.target, str):
-        return f"{row.help} (train_gpt2.py --{flag(row.target)})"
-    return row.help
 
 
 def equivalent_command(values: dict[str, Any]) -> list[str]:

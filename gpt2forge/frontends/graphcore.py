@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import inspect
 import json
 import sys
 import typing
@@ -30,13 +32,45 @@ def _section_fields() -> list[tuple[str, dataclasses.Field, Any]]:
     return out
 
 
+@functools.cache
+def _fields() -> dict[str, tuple[dataclasses.Field, Any]]:
+    return {f.name: (f, hint) for _, f, hint in _section_fields()}
+
+
+def field_argument(name: str) -> dict[str, Any]:
+    """The argparse keywords of TrainConfig field `name` as a flag (type, nargs, const, metavar): a bool takes
+    `--flag [BOOL]` (bare: True), a list one or more values, anything else one value of the field's type.
+    Every front end's row for the field takes its value so (gpt2forge.frontends.flag_table)."""
+    f, hint = _fields()[name]
+    kind = f.metadata.get("kind")
+    if kind == "bool":
+        return {"type": str_to_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
+    if kind in LIST_KINDS:
+        return {"type": LIST_KINDS[kind], "nargs": "+"}
+    return {"type": scalar_type(hint)}
+
+
+REFERENCE_FLAGS = frozenset({
+    "model", "max_len", "dataset", "input_files", "stride", "val_num", "seed", "num_workers", "async_dataloader",
+    "epochs", "training_steps", "optimizer", "weight_decay", "learning_rate", "lr_schedule", "lr_warmup",
+    "lr_warmup_steps", "lr_decay_steps", "batch_size", "gradient_accumulation", "replication_factor",
+    "device_iterations", "layers_per_ipu", "ipus_per_replica", "replicated_tensor_sharding", "matmul_proportion",
+    "enable_sequence_serialized", "serialized_seq_len", "embedding_serialization_factor", "remap_logit",
+    "recompute_checkpoint_every_layer", "recompute_checkpoint_layers", "optimizer_state_offchip", "loss_scaling",
+    "auto_loss_scaling", "enable_half_partials", "executable_cache_dir", "custom_ops", "compile_only",
+    "checkpoint_input_dir", "checkpoint_output_dir", "save_per_epochs", "save_per_steps",
+    "resume_training_from_checkpoint", "log_steps", "use_wandb"})
+"""The fields whose flags the Graphcore application has (reference/graphcore_gpt2.md); every other flag is new
+here, which the "New" column of docs/training.md's flag table says (`flag_file_table`)."""
+
+
 def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
     """The trainer's parser. Defaults are SUPPRESSed so the merge knows which flags were given."""
     parser = argparse.ArgumentParser(
         prog=prog, argument_default=argparse.SUPPRESS,
         description="Pretrain GPT-2 on CPUs and CUDA GPUs (Graphcore GPT-2 application flags).")
-    parser.add_argument("--config", help="(new) JSON or YAML file of flag values, or a Colossal-AI config (.py, "
-                                         "read without running it: docs/training.md); the command line wins")
+    parser.add_argument("--config", help="JSON or YAML file of flag values, or a Colossal-AI config (.py, read "
+                                         "without running it: docs/training.md); the command line wins")
     parser.add_argument("--from_torch", "--from-torch", dest="from_torch", action="store_true",
                         help="(Colossal-AI's) accepted: torchrun's environment (RANK, WORLD_SIZE) is always read")
     parser.add_argument("--train-path", dest="train_path",
@@ -44,23 +78,28 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
                              "(mmap, with --data-prefix PREFIX); sets --dataset (and --input-files for a .pkl)")
     groups = {attr: parser.add_argument_group(f"{attr} ({section_cls.__name__})", section_cls.__doc__)
               for attr, section_cls in SECTIONS.items()}
-    for attr, f, hint in _section_fields():
-        meta = f.metadata
-        names = [f"--{flag(f.name)}", *meta.get("aliases", ())]
-        default = f.default
-        help_text = f"{field_help(f.name)} (default: {default})"
-        kind = meta.get("kind")
-        kw: dict[str, Any] = {"dest": f.name, "help": help_text}
-        if kind == "bool":
-            kw.update(type=str_to_bool, nargs="?", const=True, metavar="BOOL")
-        elif kind in LIST_KINDS:
-            kw.update(type=LIST_KINDS[kind], nargs="+")
-        else:
-            kw["type"] = scalar_type(hint)
-        if "choices" in meta:
-            kw["choices"] = meta["choices"]
-        groups[attr].add_argument(*names, **kw)
+    for attr, f, _ in _section_fields():
+        kw: dict[str, Any] = {"dest": f.name, "help": f"{field_help(f.name)} (default: {f.default})",
+                              **field_argument(f.name)}
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
+        groups[attr].add_argument(f"--{flag(f.name)}", *f.metadata.get("aliases", ()), **kw)
     return parser
+
+
+def flag_file_table() -> list[str]:
+    """docs/training.md's table of every `train_gpt2.py` flag: the file that defines it (its section's, beside
+    the code that consumes it) and whether the reference has it."""
+    root = Path(__file__).resolve().parents[2]
+    lines = ["| `train_gpt2.py` flag | Defined in | New |", "| --- | --- | --- |"]
+    here = Path(__file__).resolve().relative_to(root)
+    lines += [f"| `--config` | `{here}` | new |", f"| `--train-path` | `{here}` |  |",
+              f"| `--from_torch`, `--from-torch` | `{here}` | new |"]
+    for attr, f, _ in _section_fields():
+        names = ", ".join(f"`{name}`" for name in (f"--{flag(f.name)}", *f.metadata.get("aliases", ())))
+        path = Path(inspect.getsourcefile(SECTIONS[attr])).resolve().relative_to(root)
+        lines.append(f"| {names} | `{path}` | {'' if f.name in REFERENCE_FLAGS else 'new'} |")
+    return lines
 
 
 def load_config_file(path: str, data_given: bool = False) -> dict[str, Any]:

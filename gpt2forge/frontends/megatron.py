@@ -29,12 +29,9 @@ from gpt2forge.frontends.flag_table import (  # noqa: F401 -- equivalent_command
     KFAC_FLAGS,
     Flag,
     FrontEnd,
-    Own,
     Parsed,
-    Refused,
-    accept,
     equivalent_command,
-    switch_to,
+    group,
     wants_equivalent,
 )
 from gpt2forge.text.tokenizer import is_gpt2_files
@@ -51,38 +48,34 @@ class MegatronOnly:
     that `translate` runs after the flags turn them into TrainConfig values."""
 
     global_batch: int | None = None
-    """--global-batch-size (or ds.json's train_batch_size): sequences per update over all replicas."""
+    """Sequences per update over all replicas (or ds.json's train_batch_size)."""
     pipeline: int = 1
-    """--pipeline-model-parallel-size: stages, split evenly."""
+    """Pipeline stages, the blocks split evenly."""
     sequence_parallel: bool = False
-    """--sequence-parallel: kept only with tensor parallelism, as Megatron does."""
+    """LayerNorm and dropout regions split along the sequence, with tensor parallelism (off at size 1, as in
+    Megatron)."""
     static_loss_scale: float | None = None
-    """--loss-scale (or ds.json's fp16.loss_scale): a fixed fp16 scale; None: dynamic."""
+    """A fixed fp16 loss scale (or ds.json's fp16.loss_scale; default: dynamic)."""
     load: str | None = None
-    """--load: the checkpoint folder to resume from, or with --finetune to take weights from."""
+    """Checkpoint directory to start from: resumes the run when it holds one (Megatron-LM checkpoints too); with
+    --finetune, only its weights."""
     finetune: bool = False
-    """--finetune: --load's weights, a new optimizer, iteration 0."""
+    """Start from --load's weights: a new optimizer, iteration 0."""
     no_load_optim: bool = False
-    """--no-load-optim (only with --finetune here, which implies it)."""
+    """Leave --load's optimizer state (only with --finetune here, which implies it)."""
     no_load_rng: bool = False
-    """--no-load-rng (as --no-load-optim)."""
+    """Leave --load's RNG state (only with --finetune here, which implies it)."""
     vocab_file: str | None = None
-    """--vocab-file: GPT-2's vocab.json, with --merge-file."""
+    """GPT-2's BPE vocabulary (vocab.json), with --merge-file."""
     merge_file: str | None = None
-    """--merge-file: GPT-2's merges.txt, with --vocab-file."""
+    """GPT-2's BPE merges (merges.txt), with --vocab-file."""
     deepspeed: bool = False
-    """--deepspeed: read --deepspeed_config as DeepSpeed's engine would."""
+    """Read --deepspeed_config (ds.json) as DeepSpeed's engine would."""
     deepspeed_config: str | None = None
-    """--deepspeed_config: the ds.json file."""
+    """The ds.json file: batch sizes, clipping, fp16/bf16, ZeRO, optimizer and scheduler (docs/megatron.md)."""
 
 
 # -- the rules that take more than a rename -------------------------------------------------------------
-
-
-def _precision(name: str):
-    def apply(_value, values: dict) -> None:
-        values["precision"] = name
-    return apply
 
 
 def _loss_scaling(values: dict, own: MegatronOnly) -> None:
@@ -135,10 +128,6 @@ def _tokenizer_type(value: str, _values: dict) -> None:
                          "tokenizer folder (PretrainedFromHF with --tokenizer-name-or-path DIR)")
 
 
-def _recompute(_value, values: dict) -> None:
-    values["recompute_checkpoint_every_layer"] = True
-
-
 def _recompute_granularity(value: str, values: dict) -> None:
     if value == "full":
         values["recompute_checkpoint_every_layer"] = True
@@ -146,10 +135,6 @@ def _recompute_granularity(value: str, values: dict) -> None:
         raise UsageError(f"--recompute-granularity {value}: full or selective")
     # selective recomputes the attention scores and softmax; attention here is fused (SDPA) and keeps
     # no probabilities, so there is nothing to recompute: Megatron does the same with flash attention.
-
-
-def _tensor_parallel(value: int, values: dict) -> None:
-    values["tensor_model_parallel_size"] = value
 
 
 def _optimizer(value: str, values: dict) -> None:
@@ -163,10 +148,6 @@ def _optimizer(value: str, values: dict) -> None:
     values["optimizer"] = "AdamW"
 
 
-def _distributed_optimizer(_value, values: dict) -> None:
-    values["zero_stage"] = 1
-
-
 def _decay_style(value: str, values: dict) -> None:
     if value not in ("linear", "cosine", "constant"):
         raise UsageError(f"--lr-decay-style {value}: linear, cosine or constant here (Megatron also has "
@@ -178,164 +159,156 @@ def _csv(text: str) -> str:
     return text.replace(" ", "")
 
 
-M = Flag
 FLAGS: tuple[Flag, ...] = (
-    # model
-    M(("--num-layers",), "model", "num_layers", "transformer blocks", int),
-    M(("--hidden-size",), "model", "hidden_size", "hidden (embedding) width", int),
-    M(("--num-attention-heads",), "model", "num_attention_heads", "attention heads", int),
-    M(("--ffn-hidden-size",), "model", "ffn_hidden_size", "MLP width (default 4 x hidden)", int),
-    M(("--seq-length",), "model", "max_len", "tokens per training sequence", int),
-    M(("--max-position-embeddings",), "model", "max_position_embeddings", "position table size (>= seq length)",
-      int),
-    M(("--init-method-std",), "model", "init_method_std", "standard deviation of the weight initialisation", float),
-    M(("--make-vocab-size-divisible-by",), "model",
-      Refused("the vocabulary is padded to a multiple of 64 here, as GPT-2 checkpoints do (padded rows never get "
-              "probability)"), "", int),
-    M(("--fp32-residual-connection", "--apply-query-key-layer-scaling", "--openai-gelu"), "model",
-      Refused("GPT-2's numerics are fixed here (exact GELU, fp32 LayerNorm and softmax statistics)"), "", None),
-    # regularization
-    M(("--hidden-dropout",), "regularization", "hidden_dropout", "residual and embedding dropout", float),
-    M(("--attention-dropout",), "regularization", "attention_dropout", "attention-probability dropout", float),
-    M(("--weight-decay",), "regularization", "weight_decay", "decoupled weight decay of the matrices", float),
-    M(("--clip-grad",), "regularization", "max_grad_norm", "clip the global gradient norm", float),
-    M(("--adam-beta1",), "regularization", "adam_beta1", "Adam beta1", float),
-    M(("--adam-beta2",), "regularization", "adam_beta2", "Adam beta2", float),
-    M(("--adam-eps",), "regularization", "adam_eps", "Adam epsilon", float),
-    # training
-    M(("--micro-batch-size", "--batch-size"), "training", "batch_size",
-      "sequences per forward/backward (--batch-size: the old name)", int),
-    M(("--global-batch-size",), "training", Own("global_batch"), "sequences per update, all replicas", int,
-      stands_for=("--gradient-accumulation",)),
-    M(("--train-iters",), "training", "training_steps", "updates to train", int),
-    M(("--train-samples",), "training", "train_samples", "sequences to train (instead of --train-iters)", int),
-    M(("--optimizer",), "training", _optimizer, "adam"),
-    M(("--checkpoint-activations", "--recompute-activations"), "training", _recompute,
-      "recompute every block's activations in backward", None, stands_for=("--recompute-checkpoint-every-layer",)),
-    M(("--recompute-granularity",), "training", _recompute_granularity, "full | selective"),
-    M(("--checkpoint-num-layers", "--recompute-num-layers"), "training", accept,
-      "blocks per recomputed chunk (every block is its own chunk here)", int),
-    M(("--recompute-method",), "training", accept, "uniform | block (every block is recomputed here)"),
-    M(("--deterministic-mode",), "training", switch_to("deterministic", "true"),
-      "deterministic algorithms: a run repeats bit for bit (on the CPU by default here)", None),
-    M(("--exit-signal-handler",), "training", switch_to("exit_signal_handler"),
-      "save and exit on SIGTERM (on by default here)", None),
-    M(("--max-nonfinite-updates",), "training", "max_nonfinite_updates",
-      "(gpt2forge's) stop after N updates in a row skipped for non-finite gradients; an fp16 overflow that the "
-      "dynamic loss scale can still answer by halving (above --min-loss-scale) is not counted, so, as Megatron, "
-      "a --fp16 run never stops while its scale comes down from 2^32", int),
-    M(("--exit-interval", "--exit-duration-in-mins"), "training",
-      Refused("stop with --train-iters or a signal (SIGTERM/SIGUSR1 save a checkpoint and exit 0)"), "", int),
-    # learning rate
-    M(("--lr",), "learning rate", "learning_rate", "peak learning rate", float),
-    M(("--min-lr",), "learning rate", "min_lr", "learning-rate floor of the decay", float),
-    M(("--lr-decay-style",), "learning rate", _decay_style, "linear | cosine | constant",
-      stands_for=("--lr-schedule",)),
-    M(("--lr-decay-iters",), "learning rate", "lr_decay_steps", "decay length in updates", int),
-    M(("--lr-decay-samples",), "learning rate", "lr_decay_samples", "decay length in samples", int),
-    M(("--lr-warmup-fraction", "--warmup"), "learning rate", "lr_warmup",
-      "warm-up as a fraction of the decay (--warmup: the old name)", float),
-    M(("--lr-warmup-iters",), "learning rate", "lr_warmup_steps", "warm-up in updates", int),
-    M(("--lr-warmup-samples",), "learning rate", "lr_warmup_samples", "warm-up in samples", int),
-    # checkpointing
-    M(("--save",), "checkpointing", "checkpoint_output_dir", "checkpoint directory to write"),
-    M(("--load",), "checkpointing", Own("load"),
-      "checkpoint directory to start from: resumes the run when it holds one (Megatron-LM checkpoints too)",
-      stands_for=("--checkpoint-input-dir",)),
-    M(("--save-interval",), "checkpointing", "save_per_steps", "save every N updates", int),
-    M(("--finetune",), "checkpointing", Own("finetune"), "start from --load's weights: new optimizer, iteration 0",
-      None),
-    M(("--no-load-optim",), "checkpointing", Own("no_load_optim"),
-      "with --finetune (implied there)", None),
-    M(("--no-load-rng",), "checkpointing", Own("no_load_rng"), "with --finetune (implied there)", None),
-    M(("--no-save-optim", "--no-save-rng"), "checkpointing",
-      Refused("checkpoints always hold the optimizer and RNG state so that a run resumes exactly"), "", None),
-    # mixed precision
-    M(("--fp16",), "mixed precision", _precision("fp16"), "fp16 autocast with loss scaling", None,
-      stands_for=("--precision fp16",)),
-    M(("--bf16",), "mixed precision", _precision("bf16"), "bf16 autocast", None, stands_for=("--precision bf16",)),
-    M(("--loss-scale",), "mixed precision", Own("static_loss_scale"), "static loss scale (default: dynamic)", float,
-      stands_for=("--loss-scaling",)),
-    M(("--initial-loss-scale",), "mixed precision", "initial_loss_scale", "first dynamic loss scale", float),
-    M(("--min-loss-scale",), "mixed precision", "min_loss_scale", "floor of the dynamic loss scale", float),
-    M(("--loss-scale-window",), "mixed precision", "loss_scale_window",
-      "clean updates before the dynamic scale doubles", int),
-    M(("--hysteresis",), "mixed precision", "loss_scale_hysteresis",
-      "overflowing updates tolerated before the scale halves", int),
-    M(("--fp32-embedding",), "mixed precision", accept, "the weights are fp32 masters here", None),
-    # distributed
-    M(("--tensor-model-parallel-size", "--model-parallel-size"), "distributed", _tensor_parallel,
-      "tensor-parallel size: heads, MLP, embedding and LM head split over N processes (train_gpt2.py "
-      "--tensor-model-parallel-size)", int),
-    M(("--pipeline-model-parallel-size",), "distributed", Own("pipeline"),
-      "pipeline stages (blocks split evenly)", int, stands_for=("--layers-per-ipu", "--ipus-per-replica")),
-    M(("--sequence-parallel",), "distributed", Own("sequence_parallel"),
-      "LayerNorm and dropout regions split along the sequence (with tensor parallelism; off at size 1, as in "
-      "Megatron)", None),
-    M(("--distributed-backend",), "distributed", accept, "nccl | gloo: chosen by the device here"),
-    M(("--DDP-impl",), "distributed", accept, "local | torch: torch's DDP here"),
-    M(("--use-distributed-optimizer",), "distributed", _distributed_optimizer,
-      "shard the optimizer state across replicas (ZeRO-1)", None),
-    M(("--local_rank", "--local-rank"), "distributed", accept, "set by the launcher", int),
-    # validation
-    M(("--eval-interval",), "validation", "eval_every_steps", "validate every N updates", int),
-    M(("--eval-iters",), "validation", "eval_iters", "validation batches (of the global batch) each time", int),
-    # data and dataloader
-    M(("--data-path",), "data and dataloader", _data_path,
-      "mmap prefixes, optionally weighted: W1 P1 W2 P2 ...", str, "+", stands_for=("--dataset mmap", "--input-files")),
-    M(("--train-data",), "data and dataloader", _train_data, "loose JSON files, one document per line", str, "+",
-      stands_for=("--dataset jsonl", "--input-files")),
-    M(("--valid-data",), "data and dataloader", _held_out_data("--valid-data", "valid_data_path"),
-      "(seed 001) validation files (mmap prefixes with --data-path); the training data is still split by --split",
-      str, "+", stands_for=("--valid-data-path",)),
-    M(("--test-data",), "data and dataloader", _held_out_data("--test-data", "test_data_path"),
-      "(seed 001) test files (mmap prefixes with --data-path), evaluated after training", str, "+",
-      stands_for=("--test-data-path",)),
-    M(("--mock-data",), "data and dataloader", switch_to("dataset", "generated"),
-      "synthetic token ids instead of a corpus (our --dataset generated)", None,
-      stands_for=("--dataset generated",)),
-    M(("--text-key", "--json-key"), "data and dataloader", "json_key", "the text field of --train-data"),
-    M(("--split",), "data and dataloader", "split", "train,valid,test proportions", _csv),
-    M(("--data-impl",), "data and dataloader", _data_impl, "mmap"),
-    M(("--vocab-file",), "data and dataloader", Own("vocab_file"), "GPT-2 BPE vocabulary (json)"),
-    M(("--merge-file",), "data and dataloader", Own("merge_file"), "GPT-2 BPE merges"),
-    M(("--tokenizer-type",), "data and dataloader", _tokenizer_type, "GPT2BPETokenizer | PretrainedFromHF"),
-    M(("--tokenizer-name-or-path", "--tokenizer-model"), "data and dataloader", "tokenizer_name_or_path",
-      "a local Hugging Face tokenizer folder"),
-    M(("--seed",), "data and dataloader", "seed", "random seed", int),
-    M(("--num-workers",), "data and dataloader", "num_workers", "data-loader worker processes", int),
-    M(("--cache-dir",), "data and dataloader", "data_cache_dir", "where tokenized --train-data is cached"),
-    M(("--lazy-loader", "--presplit-sentences", "--resume-dataloader"), "data and dataloader", accept,
-      "(seed 001) the JSON is read lazily, sentences need no presplit, and resuming restores the data position "
-      "here", None),
-    M(("--reset-position-ids",), "data and dataloader", switch_to("reset_position_ids"),
-      "positions restart after each end-of-document", None),
-    M(("--reset-attention-mask",), "data and dataloader", switch_to("reset_attention_mask"),
-      "attention stays within each document", None),
-    M(("--eod-mask-loss",), "data and dataloader", switch_to("eod_mask_loss"), "no loss after end-of-document",
-      None),
-    # logging
-    M(("--log-interval",), "logging", "log_steps", "print the step line every N updates", int),
-    M(("--tensorboard-dir",), "logging", "tensorboard_dir", "TensorBoard event files"),
+    *group(
+        "model",
+        Flag(name="--num-layers", field="num_layers"),
+        Flag(name="--hidden-size", field="hidden_size"),
+        Flag(name="--num-attention-heads", field="num_attention_heads"),
+        Flag(name="--ffn-hidden-size", field="ffn_hidden_size"),
+        Flag(name="--seq-length", field="max_len"),
+        Flag(name="--max-position-embeddings", field="max_position_embeddings"),
+        Flag(name="--init-method-std", field="init_method_std"),
+        Flag(name="--make-vocab-size-divisible-by", type=int,
+             refused="the vocabulary is padded to a multiple of 64 here, as GPT-2 checkpoints do (padded rows never "
+                     "get probability)"),
+        Flag(name="--fp32-residual-connection", aliases=("--apply-query-key-layer-scaling", "--openai-gelu"),
+             type=None, refused="GPT-2's numerics are fixed here (exact GELU, fp32 LayerNorm and softmax statistics)"),
+    ),
+    *group(
+        "regularization",
+        Flag(name="--hidden-dropout", field="hidden_dropout"),
+        Flag(name="--attention-dropout", field="attention_dropout"),
+        Flag(name="--weight-decay", field="weight_decay"),
+        Flag(name="--clip-grad", field="max_grad_norm"),
+        Flag(name="--adam-beta1", field="adam_beta1"),
+        Flag(name="--adam-beta2", field="adam_beta2"),
+        Flag(name="--adam-eps", field="adam_eps"),
+    ),
+    *group(
+        "training",
+        Flag(name="--micro-batch-size", aliases=("--batch-size",), field="batch_size"),
+        Flag(name="--global-batch-size", own="global_batch", stands_for=("--gradient-accumulation",)),
+        Flag(name="--train-iters", field="training_steps"),
+        Flag(name="--train-samples", field="train_samples"),
+        Flag(name="--optimizer", rule=_optimizer, help="adam"),
+        Flag(name="--checkpoint-activations", aliases=("--recompute-activations",),
+             sets={"recompute_checkpoint_every_layer": True}, stands_for=("--recompute-checkpoint-every-layer",)),
+        Flag(name="--recompute-granularity", rule=_recompute_granularity, help="full | selective"),
+        Flag(name="--checkpoint-num-layers", aliases=("--recompute-num-layers",), type=int,
+             accepted="blocks per recomputed chunk (every block is its own chunk here)"),
+        Flag(name="--recompute-method", accepted="uniform | block (every block is recomputed here)"),
+        Flag(name="--deterministic-mode", sets={"deterministic": "true"}),
+        Flag(name="--exit-signal-handler", sets={"exit_signal_handler": True}),
+        Flag(name="--max-nonfinite-updates", field="max_nonfinite_updates"),
+        Flag(name="--exit-interval", aliases=("--exit-duration-in-mins",), type=int,
+             refused="stop with --train-iters or a signal (SIGTERM/SIGUSR1 save a checkpoint and exit 0)"),
+    ),
+    *group(
+        "learning rate",
+        Flag(name="--lr", field="learning_rate"),
+        Flag(name="--min-lr", field="min_lr"),
+        Flag(name="--lr-decay-style", rule=_decay_style, help="linear | cosine | constant",
+             stands_for=("--lr-schedule",)),
+        Flag(name="--lr-decay-iters", field="lr_decay_steps"),
+        Flag(name="--lr-decay-samples", field="lr_decay_samples"),
+        Flag(name="--lr-warmup-fraction", aliases=("--warmup",), field="lr_warmup"),
+        Flag(name="--lr-warmup-iters", field="lr_warmup_steps"),
+        Flag(name="--lr-warmup-samples", field="lr_warmup_samples"),
+    ),
+    *group(
+        "checkpointing",
+        Flag(name="--save", field="checkpoint_output_dir"),
+        Flag(name="--load", own="load", stands_for=("--checkpoint-input-dir",)),
+        Flag(name="--save-interval", field="save_per_steps"),
+        Flag(name="--finetune", own="finetune"),
+        Flag(name="--no-load-optim", own="no_load_optim"),
+        Flag(name="--no-load-rng", own="no_load_rng"),
+        Flag(name="--no-save-optim", aliases=("--no-save-rng",), type=None,
+             refused="checkpoints always hold the optimizer and RNG state so that a run resumes exactly"),
+    ),
+    *group(
+        "mixed precision",
+        Flag(name="--fp16", sets={"precision": "fp16"}, help="fp16 autocast with loss scaling",
+             stands_for=("--precision fp16",)),
+        Flag(name="--bf16", sets={"precision": "bf16"}, help="bf16 autocast", stands_for=("--precision bf16",)),
+        Flag(name="--loss-scale", own="static_loss_scale", stands_for=("--loss-scaling",)),
+        Flag(name="--initial-loss-scale", field="initial_loss_scale"),
+        Flag(name="--min-loss-scale", field="min_loss_scale"),
+        Flag(name="--loss-scale-window", field="loss_scale_window"),
+        Flag(name="--hysteresis", field="loss_scale_hysteresis"),
+        Flag(name="--fp32-embedding", type=None, accepted="the weights are fp32 masters here"),
+    ),
+    *group(
+        "distributed",
+        Flag(name="--tensor-model-parallel-size", aliases=("--model-parallel-size",),
+             field="tensor_model_parallel_size"),
+        Flag(name="--pipeline-model-parallel-size", own="pipeline",
+             stands_for=("--layers-per-ipu", "--ipus-per-replica")),
+        Flag(name="--sequence-parallel", own="sequence_parallel"),
+        Flag(name="--distributed-backend", accepted="nccl | gloo: chosen by the device here"),
+        Flag(name="--DDP-impl", accepted="local | torch: torch's DDP here"),
+        Flag(name="--use-distributed-optimizer", sets={"zero_stage": 1}),
+        Flag(name="--local_rank", aliases=("--local-rank",), type=int, accepted="set by the launcher"),
+    ),
+    *group(
+        "validation",
+        Flag(name="--eval-interval", field="eval_every_steps"),
+        Flag(name="--eval-iters", field="eval_iters"),
+    ),
+    *group(
+        "data and dataloader",
+        Flag(name="--data-path", rule=_data_path, nargs="+", help="mmap prefixes, optionally weighted: W1 P1 W2 P2 ...",
+             stands_for=("--dataset mmap", "--input-files")),
+        Flag(name="--train-data", rule=_train_data, nargs="+", help="loose JSON files, one document per line",
+             stands_for=("--dataset jsonl", "--input-files")),
+        Flag(name="--valid-data", rule=_held_out_data("--valid-data", "valid_data_path"), nargs="+",
+             help="(seed 001) validation files (mmap prefixes with --data-path); the training data is still split "
+                  "by --split", stands_for=("--valid-data-path",)),
+        Flag(name="--test-data", rule=_held_out_data("--test-data", "test_data_path"), nargs="+",
+             help="(seed 001) test files (mmap prefixes with --data-path), evaluated after training",
+             stands_for=("--test-data-path",)),
+        Flag(name="--mock-data", sets={"dataset": "generated"}, help="synthetic token ids instead of a corpus",
+             stands_for=("--dataset generated",)),
+        Flag(name="--text-key", aliases=("--json-key",), field="json_key"),
+        Flag(name="--split", field="split", type=_csv),
+        Flag(name="--data-impl", rule=_data_impl, help="mmap"),
+        Flag(name="--vocab-file", own="vocab_file"),
+        Flag(name="--merge-file", own="merge_file"),
+        Flag(name="--tokenizer-type", rule=_tokenizer_type, help="GPT2BPETokenizer | PretrainedFromHF"),
+        Flag(name="--tokenizer-name-or-path", aliases=("--tokenizer-model",), field="tokenizer_name_or_path"),
+        Flag(name="--seed", field="seed"),
+        Flag(name="--num-workers", field="num_workers"),
+        Flag(name="--cache-dir", field="data_cache_dir"),
+        Flag(name="--lazy-loader", aliases=("--presplit-sentences", "--resume-dataloader"), type=None,
+             accepted="(seed 001) the JSON is read lazily, sentences need no presplit, and resuming restores the "
+                      "data position here"),
+        Flag(name="--reset-position-ids", sets={"reset_position_ids": True}),
+        Flag(name="--reset-attention-mask", sets={"reset_attention_mask": True}),
+        Flag(name="--eod-mask-loss", sets={"eod_mask_loss": True}),
+    ),
+    *group(
+        "logging",
+        Flag(name="--log-interval", field="log_steps"),
+        Flag(name="--tensorboard-dir", field="tensorboard_dir"),
+    ),
     *KFAC_FLAGS,  # gpt2forge's own, the same in every front end (docs/training.md#k-fac)
-    # DeepSpeed (Megatron-DeepSpeed's arguments.py and deepspeed.add_config_arguments)
-    M(("--deepspeed", "--deepscale"), "DeepSpeed", Own("deepspeed"),
-      "read --deepspeed_config (ds.json) as DeepSpeed's engine would", None),
-    M(("--deepspeed_config", "--deepspeed-config", "--deepscale_config"), "DeepSpeed", Own("deepspeed_config"),
-      "ds.json: batch sizes, clipping, fp16/bf16, ZeRO, optimizer and scheduler (docs/megatron.md)"),
-    M(("--zero-stage", "--zero_stage"), "DeepSpeed", "zero_stage",
-      "ZeRO stage 0-3 (ds.json's zero_optimization.stage wins)", int),
-    M(("--cpu-optimizer",), "DeepSpeed", switch_to("offload", "optimizer"),
-      "optimizer state and update in host memory (--offload optimizer)", None, stands_for=("--offload optimizer",)),
-    M(("--deepspeed-activation-checkpointing",), "DeepSpeed", accept,
-      "DeepSpeed's implementation of --checkpoint-activations: torch's here", None),
-    M(("--partition-activations",), "DeepSpeed", accept,
-      "no effect without tensor parallelism (as in DeepSpeed)", None),
-    M(("--checkpoint-in-cpu",), "DeepSpeed",
-      Refused("checkpointed activations stay on the device here; --checkpoint-activations recomputes them"), "",
-      None),
-    M(("--no-pipeline-parallel",), "DeepSpeed", accept,
-      "the model runs unsplit without --pipeline-model-parallel-size", None),
+    *group(  # Megatron-DeepSpeed's arguments.py and deepspeed.add_config_arguments
+        "DeepSpeed",
+        Flag(name="--deepspeed", aliases=("--deepscale",), own="deepspeed"),
+        Flag(name="--deepspeed_config", aliases=("--deepspeed-config", "--deepscale_config"), own="deepspeed_config"),
+        Flag(name="--zero-stage", aliases=("--zero_stage",), field="zero_stage",
+             note="ds.json's zero_optimization.stage wins"),
+        Flag(name="--cpu-optimizer", sets={"offload": "optimizer"}, stands_for=("--offload optimizer",)),
+        Flag(name="--deepspeed-activation-checkpointing", type=None,
+             accepted="DeepSpeed's implementation of --checkpoint-activations: torch's here"),
+        Flag(name="--partition-activations", type=None,
+             accepted="no effect without tensor parallelism (as in DeepSpeed)"),
+        Flag(name="--checkpoint-in-cpu", type=None,
+             refused="checkpointed activations stay on the device here; --checkpoint-activations recomputes them"),
+        Flag(name="--no-pipeline-parallel", type=None,
+             accepted="the model runs unsplit without --pipeline-model-parallel-size"),
+    ),
 )
 
 MEGATRON_DEFAULTS: dict[str, Any] = {

@@ -41,7 +41,7 @@ from typing import Any
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import str_to_bool
-from gpt2forge.frontends.flag_table import KFAC_FLAGS, Flag, FrontEnd, Own, Refused, accept, switch_to
+from gpt2forge.frontends.flag_table import KFAC_FLAGS, Flag, FrontEnd, group
 from gpt2forge.model.config import MODEL_TYPES, ModelConfig
 from gpt2forge.model.pretrained import hub_cache_folder
 from gpt2forge.text.tokenizer import HF_FILE, is_gpt2_files
@@ -70,35 +70,40 @@ class RunClmOnly:
     that `translate` runs after the flags turn them into TrainConfig values."""
 
     dataset_name: str | None = None
-    """--dataset_name: a `datasets` dataset (a folder, or a name in the local cache)."""
+    """`--dataset hf --input-files NAME`: a `datasets` dataset: a save_to_disk folder, a local dataset folder, or a
+    name in the local datasets cache."""
     train_file: str | None = None
-    """--train_file: training text (.txt, .json/.jsonl, .csv)."""
+    """`--dataset hf --input-files FILE`: training text: .txt (one record per line), .json/.jsonl, .csv."""
     validation_file: str | None = None
-    """--validation_file: validation text, the same formats."""
+    """`--valid-data-path FILE`: validation text, the same formats."""
     block_size: int | None = None
-    """--block_size: tokens per block; None: the model's positions, at most 1024."""
+    """`--max-len`: tokens per block (default: the model's positions, at most 1024)."""
     model: str | None = None
-    """--model_name_or_path: the folder (or cached hub id) whose weights the run starts from."""
+    """`--checkpoint-input-dir`: a Hugging Face GPT-2 folder (save_pretrained), or a model in the local hub cache:
+    start from its weights."""
     config: str | None = None
-    """--config_name: a config.json (or its folder) of a new model."""
+    """`--model-config`: a GPT-2 config.json (or its folder): a new model of that shape."""
     tokenizer: str | None = None
-    """--tokenizer_name: a tokenizer folder."""
+    """`--tokenizer-name-or-path`: a local tokenizer folder (default: the model's, else GPT-2's)."""
     scheduler: str = "linear"
-    """--lr_scheduler_type: one of SCHEDULERS."""
+    """`--lr-schedule` (and `--min-lr`): linear | cosine | cosine_with_restarts | polynomial | constant |
+    constant_with_warmup."""
     warmup: int = 0
-    """--num_warmup_steps: warm-up updates."""
+    """`--lr-warmup-steps`: warm-up updates."""
     precision: str | None = None
-    """--mixed_precision: no | fp16 | bf16; None: accelerate launch's (ACCELERATE_MIXED_PRECISION)."""
+    """`--precision`: no | fp16 | bf16 (default: accelerate launch's, ACCELERATE_MIXED_PRECISION)."""
     output_dir: str | None = None
-    """--output_dir: the final model and the checkpoints."""
+    """`--final-model-dir` (and `--checkpoint-output-dir`): the final model, tokenizer and all_results.json; the
+    checkpoints."""
     checkpointing: str | None = None
-    """--checkpointing_steps: a number of updates, or epoch."""
+    """`--save-per-steps N` | `--save-per-epochs 1` (epoch): checkpoints in --output_dir."""
     resume: str | None = None
-    """--resume_from_checkpoint: a step folder; "" (bare): the newest in --output_dir."""
+    """`--checkpoint-input-dir PATH --resume-training-from-checkpoint`; bare: `--auto-resume`, the newest checkpoint
+    in --output_dir."""
     tracking: bool = False
-    """--with_tracking: log to the --report_to trackers."""
+    """`--tensorboard-dir` / `--use-wandb`: log the run to the --report_to trackers."""
     report_to: str = "all"
-    """--report_to: tensorboard | wandb | all."""
+    """tensorboard | wandb | all."""
 
 
 def _model_type(value: str, _values: dict) -> None:
@@ -106,80 +111,61 @@ def _model_type(value: str, _values: dict) -> None:
         raise UsageError(f"--model_type {value}: this trainer builds GPT-2 (model_type gpt2) only")
 
 
-F = Flag
 FLAGS: tuple[Flag, ...] = (
-    # data
-    F(("--dataset_name",), "data", Own("dataset_name"),
-      "`--dataset hf --input-files NAME`: a `datasets` dataset: a save_to_disk folder, a local dataset folder, or a "
-      "name in the local datasets cache", stands_for=("--dataset hf", "--input-files")),
-    F(("--dataset_config_name",), "data", "dataset_config_name", "the dataset's configuration"),
-    F(("--train_file",), "data", Own("train_file"),
-      "`--dataset hf --input-files FILE`: training text: .txt (one record per line), "
-      ".json/.jsonl, .csv", stands_for=("--dataset hf", "--input-files")),
-    F(("--validation_file",), "data", Own("validation_file"),
-      "`--valid-data-path FILE`: validation text, the same formats", stands_for=("--valid-data-path",)),
-    F(("--validation_split_percentage",), "data", "validation_split_percentage",
-      "without a validation split: this percentage of the training records validates", int),
-    F(("--no_keep_linebreaks",), "data", switch_to("keep_linebreaks", False),
-      "`--keep-linebreaks false`: .txt records without their \\n", None),
-    F(("--block_size",), "data", Own("block_size"),
-      "`--max-len`: tokens per block (default: the model's positions, at most 1024)", int, stands_for=("--max-len",)),
-    F(("--preprocessing_num_workers",), "data", "preprocessing_workers", "processes that tokenize (they also decide "
-      "the blocks, as in run_clm)", int),
-    F(("--overwrite_cache",), "data", "overwrite_cache", "tokenize again instead of reusing the cached blocks",
-      str_to_bool, "?", True),
-    F(("--streaming",), "data", Refused("the blocks are tokenized once into a memory-mapped cache, which any corpus "
-                                        "size fits; drop --streaming"), "", None),
-    # model
-    F(("--model_name_or_path",), "model", Own("model"),
-      "`--checkpoint-input-dir`: a Hugging Face GPT-2 folder (save_pretrained), or a model in the local hub "
-      "cache: start from its weights", stands_for=("--checkpoint-input-dir",)),
-    F(("--config_name",), "model", Own("config"),
-      "`--model-config`: a GPT-2 config.json (or its folder): a new model of that shape",
-      stands_for=("--model-config",)),
-    F(("--tokenizer_name",), "model", Own("tokenizer"),
-      "`--tokenizer-name-or-path`: a local tokenizer folder (default: the model's, else GPT-2's)",
-      stands_for=("--tokenizer-name-or-path",)),
-    F(("--model_type",), "model", _model_type, "gpt2 (the model built without --model_name_or_path)"),
-    F(("--use_slow_tokenizer",), "model", accept, "the same ids as the fast tokenizer here", None),
-    F(("--low_cpu_mem_usage",), "model", accept,
-      "always: a checkpoint's model is built on the meta device and takes the file's tensors", None),
-    F(("--trust_remote_code",), "model",
-      Refused("no code from a model folder runs here: GPT-2 is built in; drop --trust_remote_code"), "",
-      str_to_bool, "?", True),
-    # training
-    F(("--per_device_train_batch_size",), "training", "batch_size", "sequences per process per forward/backward", int),
-    F(("--per_device_eval_batch_size",), "training", accept,
-      "validation sequences per batch (the eval loss does not depend on it here)", int),
-    F(("--learning_rate",), "training", "learning_rate", "peak learning rate", float),
-    F(("--weight_decay",), "training", "weight_decay", "decoupled weight decay (matrices and embeddings)", float),
-    F(("--num_train_epochs",), "training", "epochs", "passes over the training blocks", int),
-    F(("--max_train_steps",), "training", "training_steps", "updates to train (overrides the epochs)", int),
-    F(("--gradient_accumulation_steps",), "training", "gradient_accumulation", "micro-batches per update", int),
-    F(("--lr_scheduler_type",), "training", Own("scheduler"),
-      "`--lr-schedule` (and `--min-lr`): " + " | ".join(SCHEDULERS), stands_for=("--lr-schedule",)),
-    F(("--num_warmup_steps",), "training", Own("warmup"), "`--lr-warmup-steps`: warm-up updates", int,
-      stands_for=("--lr-warmup-steps",)),
-    F(("--seed",), "training", "seed", "seed of weights, dropout and data order", int),
-    F(("--mixed_precision",), "training", Own("precision"),
-      "`--precision`: no | fp16 | bf16 (default: accelerate launch's)", stands_for=("--precision",)),
-    # checkpointing and output
-    F(("--output_dir",), "checkpointing and output", Own("output_dir"),
-      "`--final-model-dir` (and `--checkpoint-output-dir`): the final model, tokenizer and "
-      "all_results.json; the checkpoints", stands_for=("--final-model-dir", "--checkpoint-output-dir")),
-    F(("--checkpointing_steps",), "checkpointing and output", Own("checkpointing"),
-      "`--save-per-steps N` | `--save-per-epochs 1` (epoch): checkpoints in --output_dir",
-      stands_for=("--save-per-steps", "--save-per-epochs")),
-    F(("--resume_from_checkpoint",), "checkpointing and output", Own("resume"),
-      "`--checkpoint-input-dir PATH --resume-training-from-checkpoint`; bare: `--auto-resume`, the newest "
-      "checkpoint in --output_dir", str, "?", ""),
-    F(("--push_to_hub", "--hub_model_id", "--hub_token"), "checkpointing and output",
-      Refused("nothing is uploaded from a training run here; push --output_dir with huggingface-cli upload"), "",
-      str, "?", ""),
-    # tracking
-    F(("--with_tracking",), "tracking", Own("tracking"),
-      "`--tensorboard-dir` / `--use-wandb`: log the run to the --report_to trackers", None),
-    F(("--report_to",), "tracking", Own("report_to"), " | ".join(TRACKERS)),
+    *group(
+        "data",
+        Flag(name="--dataset_name", own="dataset_name", stands_for=("--dataset hf", "--input-files")),
+        Flag(name="--dataset_config_name", field="dataset_config_name"),
+        Flag(name="--train_file", own="train_file", stands_for=("--dataset hf", "--input-files")),
+        Flag(name="--validation_file", own="validation_file", stands_for=("--valid-data-path",)),
+        Flag(name="--validation_split_percentage", field="validation_split_percentage"),
+        Flag(name="--no_keep_linebreaks", sets={"keep_linebreaks": False}),
+        Flag(name="--block_size", own="block_size", stands_for=("--max-len",)),
+        Flag(name="--preprocessing_num_workers", field="preprocessing_workers"),
+        Flag(name="--overwrite_cache", field="overwrite_cache"),
+        Flag(name="--streaming", type=None, refused="the blocks are tokenized once into a memory-mapped cache, which "
+                                                    "any corpus size fits; drop --streaming"),
+    ),
+    *group(
+        "model",
+        Flag(name="--model_name_or_path", own="model", stands_for=("--checkpoint-input-dir",)),
+        Flag(name="--config_name", own="config", stands_for=("--model-config",)),
+        Flag(name="--tokenizer_name", own="tokenizer", stands_for=("--tokenizer-name-or-path",)),
+        Flag(name="--model_type", rule=_model_type, help="gpt2 (the model built without --model_name_or_path)"),
+        Flag(name="--use_slow_tokenizer", type=None, accepted="the same ids as the fast tokenizer here"),
+        Flag(name="--low_cpu_mem_usage", type=None,
+             accepted="always: a checkpoint's model is built on the meta device and takes the file's tensors"),
+        Flag(name="--trust_remote_code", type=str_to_bool, nargs="?", const=True,
+             refused="no code from a model folder runs here: GPT-2 is built in; drop --trust_remote_code"),
+    ),
+    *group(
+        "training",
+        Flag(name="--per_device_train_batch_size", field="batch_size"),
+        Flag(name="--per_device_eval_batch_size", type=int,
+             accepted="validation sequences per batch (the eval loss does not depend on it here)"),
+        Flag(name="--learning_rate", field="learning_rate"),
+        Flag(name="--weight_decay", field="weight_decay"),
+        Flag(name="--num_train_epochs", field="epochs"),
+        Flag(name="--max_train_steps", field="training_steps"),
+        Flag(name="--gradient_accumulation_steps", field="gradient_accumulation"),
+        Flag(name="--lr_scheduler_type", own="scheduler", stands_for=("--lr-schedule",)),
+        Flag(name="--num_warmup_steps", own="warmup", stands_for=("--lr-warmup-steps",)),
+        Flag(name="--seed", field="seed"),
+        Flag(name="--mixed_precision", own="precision", stands_for=("--precision",)),
+    ),
+    *group(
+        "checkpointing and output",
+        Flag(name="--output_dir", own="output_dir", stands_for=("--final-model-dir", "--checkpoint-output-dir")),
+        Flag(name="--checkpointing_steps", own="checkpointing", stands_for=("--save-per-steps", "--save-per-epochs")),
+        Flag(name="--resume_from_checkpoint", own="resume", nargs="?", const=""),
+        Flag(name="--push_to_hub", aliases=("--hub_model_id", "--hub_token"), nargs="?", const="",
+             refused="nothing is uploaded from a training run here; push --output_dir with huggingface-cli upload"),
+    ),
+    *group(
+        "tracking",
+        Flag(name="--with_tracking", own="tracking"),
+        Flag(name="--report_to", own="report_to"),
+    ),
     *KFAC_FLAGS,
 )
 

@@ -61,7 +61,7 @@ class MemoryArgs:
     """What trades compute for memory: the LM loss, recomputation, optimizer offload (section of TrainConfig)."""
 
     lm_loss: str = opt("auto", choices=("auto", "fused", "plain"))
-    """(new) fused: chunked LM head + loss that never holds the (B*T, V) logits (C++ op when built) | plain: full logits
+    """fused: chunked LM head + loss that never holds the (B*T, V) logits (C++ op when built) | plain: full logits
     + cross-entropy | auto: fused on the CPU, plain on a GPU (faster there in a compiled step) unless a flag only fused
     honours is set."""
     enable_sequence_serialized: bool = opt(False, kind="bool")
@@ -81,12 +81,12 @@ class MemoryArgs:
     """Keep optimizer state in host memory and update there (CUDA; on CPU it is there already); the same as --offload
     optimizer."""
     offload: str | None = opt(None, choices=OFFLOADS)
-    """(new) what lives in pinned host memory: none | optimizer (optimizer state and update, as
+    """what lives in pinned host memory: none | optimizer (optimizer state and update, as
     --optimizer-state-offchip) | full (parameters, gradients and optimizer state: FSDP2 ZeRO-3 with CPU offload, also in
     one process, each block streamed to the device ahead of use); default: optimizer with --optimizer-state-offchip
     true, else none."""
     device_memory_gib: float | None = opt(None)
-    """(new) --plan: the device memory to plan one device for, in GiB (default: this machine's device)"""
+    """--plan: the device memory to plan one device for, in GiB (default: this machine's device)"""
 
     def __post_init__(self) -> None:
         problems = positive(self, "embedding_serialization_factor", "serialized_seq_len")

@@ -40,18 +40,18 @@ class ParallelArgs:
     ipus_per_replica: int = opt(4)
     """Pipeline stages per model replica."""
     pipeline_schedule: str = opt("1F1B", choices=("GPipe", "1F1B"))
-    """(new) pipeline schedule over the --gradient-accumulation micro-batches when stages run in their own processes:
+    """pipeline schedule over the --gradient-accumulation micro-batches when stages run in their own processes:
     GPipe | 1F1B."""
     zero_stage: int | None = opt(None, choices=(0, 1, 2, 3))
-    """(new) ZeRO sharding across replicas: 0 none | 1 optimizer state | 2 + gradients | 3 + parameters (2 and 3 with
+    """ZeRO sharding across replicas: 0 none | 1 optimizer state | 2 + gradients | 3 + parameters (2 and 3 with
     FSDP2); default 1 with --replicated-tensor-sharding, else 0."""
     replicated_tensor_sharding: bool = opt(False, kind="bool")
     """Shard optimizer state across replicas (ZeRO-1)"""
     tensor_model_parallel_size: int = opt(1)
-    """(new) tensor-parallel processes per model replica: attention heads, the MLP, the embedding and the LM head are
+    """tensor-parallel processes per model replica: attention heads, the MLP, the embedding and the LM head are
     split over them (DTensor); processes = data-parallel replicas x this."""
     sequence_parallel: bool = opt(False, kind="bool")
-    """(new) with --tensor-model-parallel-size > 1, also split the LayerNorm and dropout regions along the sequence."""
+    """with --tensor-model-parallel-size > 1, also split the LayerNorm and dropout regions along the sequence."""
     matmul_proportion: list[float] | None = opt(None, kind="list_float")
     """IPU matmul memory proportion (no equivalent: ignored)"""
 
