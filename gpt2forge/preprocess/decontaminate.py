@@ -32,7 +32,9 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.preprocess.clean import EXAMPLE_CHARS, EXAMPLES_PER_RULE, map_texts
 from gpt2forge.preprocess.jsonl import atomic_jsonl, read_documents
 
-_PUNCTUATION = str.maketrans("", "", string.punctuation + "“”‘’«»—–…")
+PUNCTUATION = string.punctuation + "“”‘’«»—–…"
+_PUNCTUATION = str.maketrans("", "", PUNCTUATION)
+_PUNCTUATION_RUN = re.compile(f"[{re.escape(PUNCTUATION)}]+")
 _WORD = re.compile(r"\S+")
 _BASE = np.uint64(1_000_003)
 
@@ -78,8 +80,28 @@ def words(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     return out, spans
 
 
+def plain_words(text: str) -> list[str]:
+    """`words(text)[0]` without the spans, about 5x faster: lower-casing and deleting punctuation
+    never add or remove whitespace, so the whole text can be done before the split."""
+    return _PUNCTUATION_RUN.sub("", text.lower()).split()
+
+
 def _word_hash(word: str) -> int:
     return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+_HASHES: dict[str, int] = {}
+"""Word -> its hash, in each process: words repeat (Zipf), so most lookups skip blake2b."""
+MAX_CACHED_WORDS = 1 << 21
+
+
+def word_hashes(ws: list[str]) -> np.ndarray:
+    """uint64 blake2b hash of each of `ws`, from the cache where it is there."""
+    if len(_HASHES) > MAX_CACHED_WORDS:
+        _HASHES.clear()
+    for w in set(ws).difference(_HASHES):
+        _HASHES[w] = _word_hash(w)
+    return np.fromiter(map(_HASHES.__getitem__, ws), dtype=np.uint64, count=len(ws))
 
 
 def ngram_hashes(ws: list[str], n: int) -> np.ndarray:
@@ -87,7 +109,7 @@ def ngram_hashes(ws: list[str], n: int) -> np.ndarray:
     rolling combination of per-word blake2b hashes (wrapping uint64 arithmetic)."""
     if len(ws) < n:
         return np.empty(0, dtype=np.uint64)
-    wh = np.fromiter((_word_hash(w) for w in ws), dtype=np.uint64, count=len(ws))
+    wh = word_hashes(ws)
     m = len(ws) - n + 1
     h = np.zeros(m, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -122,7 +144,7 @@ def eval_tables(paths: list[str | Path], n: int, text_key: str = "text", min_n: 
     parts = defaultdict(list)
     for p in paths:
         for text in _eval_texts(Path(p), text_key):
-            ws = words(text)[0]
+            ws = plain_words(text)
             k = n if len(ws) >= n else len(ws) if min_n is not None and len(ws) >= min_n else 0
             if k:
                 parts[k].append(ngram_hashes(ws, k))
@@ -139,7 +161,7 @@ def _table_hits(ws: list[str], table: np.ndarray, n: int) -> np.ndarray:
 
 
 def _found(text: str) -> dict[int, np.ndarray]:
-    ws = words(text)[0]
+    ws = plain_words(text)
     return {n: _table_hits(ws, t, n) for n, t in _STATE[0].items()}
 
 
@@ -186,13 +208,15 @@ def overlaps(ws: list[str], table: np.ndarray, n: int) -> np.ndarray:
 def cut(text: str, table: np.ndarray | Tables, cfg: DecontaminateConfig) -> tuple[list[str], int]:
     """(the pieces of `text` to keep, number of overlapping n-grams). No overlap: ([text], 0).
     `table`: the `cfg.ngram`-gram hashes, or tables of several lengths."""
-    ws, spans = words(text)
     tables = table if isinstance(table, dict) else {cfg.ngram: table}
+    if cfg.mode == "drop":
+        ws = plain_words(text)
+        matched = sum(len(overlaps(ws, t, n)) for n, t in tables.items())
+        return ([], matched) if matched else ([text], 0)
+    ws, spans = words(text)
     hits = sorted((int(i), n) for n, t in tables.items() for i in overlaps(ws, t, n))
     if not hits:
         return [text], 0
-    if cfg.mode == "drop":
-        return [], len(hits)
     removed = []  # merged character spans to remove
     for i, n in hits:
         start = max(0, spans[i][0] - cfg.margin)
@@ -229,8 +253,10 @@ class DecontaminateSummary:
 _STATE: tuple[Tables, DecontaminateConfig | None] | None = None
 
 
-def _cut(text: str) -> tuple[list[str], int]:
-    return cut(text, *_STATE)
+def _cut(text: str) -> tuple[list[str] | None, int]:
+    """`cut`'s result, with None for a document kept whole (the parent has its text)."""
+    pieces, matched = cut(text, *_STATE)
+    return (pieces if matched else None), matched
 
 
 def decontaminate_file(input_path: str | Path, output_path: str | Path, eval_paths: list[str],
@@ -255,6 +281,7 @@ def decontaminate_file(input_path: str | Path, output_path: str | Path, eval_pat
     docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=bad)
     with atomic_jsonl(output_path) as out:
         for doc, (pieces, matched) in map_texts(_cut, docs, workers):
+            pieces = [doc.text] if pieces is None else pieces
             summary.docs_in += 1
             summary.chars_in += len(doc.text)
             if matched:

@@ -1,11 +1,13 @@
 """Decontamination: planted evaluation passages are removed (drop) or cut out (cut); others kept."""
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
-from gpt2forge.preprocess.decontaminate import DecontaminateConfig, cut, decontaminate_file, eval_ngrams, words
+from gpt2forge.preprocess.decontaminate import (DecontaminateConfig, cut, decontaminate_file, eval_ngrams, plain_words,
+                                                words)
 
 ROOT = Path(__file__).resolve().parents[2]
 FILLER = " ".join(f"The farmer counted {i} sheep in the northern field before the rain arrived." for i in range(40))
@@ -19,6 +21,17 @@ def write(path: Path, records) -> Path:
 
 def test_words_lowercase_and_strip_punctuation():
     assert words("Hello, World! -- it's")[0] == ["hello", "world", "its"]
+
+
+def test_plain_words_equal_words_on_any_text():
+    """drop mode's fast split (the whole text lower-cased and stripped, then split) gives the words of
+    the per-word one, on random mixtures of cased letters (final sigma, dotted I), punctuation and
+    Unicode whitespace."""
+    rng = random.Random(0)
+    alphabet = "aZΣσςİIıßǅĲ .,;—-'\"\u00a0\u2028\t\n\x1c\x85!?…«»[]\\^“”"
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        assert plain_words(text) == words(text)[0], repr(text)
 
 
 def passage(tmp_path, eval_data: Path | None) -> tuple[Path, str]:
