@@ -8,6 +8,10 @@ clean -> exact dedup -> near dedup -> decontaminate -> shuffle -> optional .bin/
 file in --output-dir (atomic) and out/manifest.json (counts, removals by rule, examples, settings).
 A stage whose output is complete for the same settings and inputs is skipped. Logic:
 gpt2forge/preprocess/prepare.py.
+
+On many machines (a job array: run/prepare_corpus_array.sbatch, run/prepare_corpus_array.pbs), the
+same flags plus `--num-shards N`: task K adds `--shard K`, then one merge without it; the merge's
+outputs are the one-machine run's byte for byte (gpt2forge/preprocess/sharded.py).
 """
 
 from __future__ import annotations

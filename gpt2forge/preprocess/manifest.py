@@ -87,21 +87,34 @@ class Manifest:
         atomic_json(self.path, {"format": FORMAT, "version": VERSION, "settings": self.settings,
                                 "removed_by_rule": dict(removed), "stages": self.stages})
 
-    def complete(self, name: str, inputs: list[Path], outputs: list[Path], settings: dict) -> bool:
-        """Whether stage `name`'s record matches: same settings, inputs unchanged, outputs at their sizes."""
+    def redo_reason(self, name: str, inputs: list[Path], outputs: list[Path], settings: dict) -> str:
+        """Why stage `name` must run ("" when its record matches: same settings, inputs unchanged,
+        outputs present at their recorded sizes)."""
         prev = self.stages.get(name)
         sizes = {str(p.resolve()): p.stat().st_size for p in outputs if p.is_file()}
-        return bool(not self.overwrite and prev and prev.get("settings") == _plain(settings)
-                    and prev.get("inputs") == _signature(inputs) and prev.get("outputs") == sizes
-                    and len(sizes) == len(outputs))
+        if self.overwrite or not prev:
+            return "--overwrite" if self.overwrite else "no record"
+        if prev.get("settings") != _plain(settings):
+            return "its record has other settings"
+        if prev.get("inputs") != _signature(inputs):
+            return "an input changed since its record (size or modification time)"
+        if prev.get("outputs") != sizes or len(sizes) != len(outputs):
+            return "an output is missing or not at its recorded size"
+        return ""
+
+    def complete(self, name: str, inputs: list[Path], outputs: list[Path], settings: dict) -> bool:
+        return not self.redo_reason(name, inputs, outputs, settings)
 
     def run(self, name: str, inputs: list[Path], outputs: list[Path], settings: dict,
             work: Callable[[], dict]) -> dict:
         """The stage's record: the saved one when complete, else `work()`'s, saved."""
-        if self.complete(name, inputs, outputs, settings):
+        reason = self.redo_reason(name, inputs, outputs, settings)
+        if not reason:
             print(f"{name}: complete ({', '.join(p.name for p in outputs) or 'no file of its own'}); skipping")
             self.skipped.append(name)
             return self.stages[name]
+        if name in self.stages:
+            print(f"{name}: running again: {reason}")
         for later in self.order[self.order.index(name):]:  # they all re-run after this one: drop their old records
             self.stages.pop(later, None)
         remove_stale_temporaries([*outputs, self.path])

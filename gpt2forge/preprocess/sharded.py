@@ -151,8 +151,8 @@ def merge_shards(m: Manifest, num_shards: int, inputs: list[Path], settings: dic
         ids = ",".join(map(str, missing))
         raise UsageError(
             f"--num-shards {num_shards}: shard task(s) {ids} not complete in {out_dir / 'shards'} (not run, killed, "
-            f"still running, or run with other flags or inputs); run them with these flags and --shard K "
-            f"(Slurm: sbatch --array={ids}; PBS: qrerun the subjobs), then the merge again")
+            f"still running, or run with other flags or inputs); run them again with these flags and --shard K "
+            f"(e.g. sbatch --array={ids} run/prepare_corpus_array.sbatch ...), then the merge")
     folders = [shard_dir(out_dir, k, num_shards) for k in range(num_shards)]
     records = [Manifest(f, {}, False, TASK_STAGES).stages["clean"] for f in folders]
     cleaned = [_task_files(f)[0] for f, r in zip(folders, records) if r["docs_out"]]  # empty parts: no rows
