@@ -8,7 +8,8 @@ with 1-3% of their words replaced, paragraphs reordered, or boilerplate added), 
 process on one core (a per-core rate: documents per CPU second of the tool's process and the processes
 it waited for, so other load on the machine does not change it; each tool's peak RSS from its own
 process):
-- ours: gpt2forge.preprocess.dedup (character 5-grams, 100 hashes, 10 bands, exact Jaccard > 0.5);
+- ours: gpt2forge.preprocess.dedup (character 5-grams, 100 hashes, 10 bands, exact Jaccard > 0.5), and
+  `ours-20x5`, the same with prepare_corpus.py's 20 bands of 5 rows;
 - HF datatrove's MinhashDedupSignature/Buckets/Cluster/Filter, 10 buckets x 10 hashes (datatrove
   only shingles words: word 5-grams), through its LocalPipelineExecutor with one worker;
 - datasketch MinHashLSH (character 5-grams, 100 permutations, bands/rows 10 x 10), query-then-insert.
@@ -91,11 +92,17 @@ def score(removed: set[str], groups: list[list[str]], n_docs: int) -> tuple[floa
     return right / max(1, int((sizes - 1).sum())), right / max(1, len(removed))
 
 
-def run_ours(path: str, out: str) -> dict:
+def run_ours(path: str, out: str, bands: int = 10) -> dict:
     from gpt2forge.preprocess.dedup import fingerprint_files, near_duplicates
-    fp = fingerprint_files([(path, "id")], workers=0, progress=False)
+    from gpt2forge.preprocess.minhash import MinHashParams
+    fp = fingerprint_files([(path, "id")], MinHashParams(bands=bands), workers=0, progress=False)
     removed, _ = near_duplicates(fp, workers=0, progress=False)
     return {"removed": [k for k, r in zip(fp.keys, removed) if r]}
+
+
+def run_ours_prepare(path: str, out: str) -> dict:
+    """prepare_corpus.py's near-duplicate settings: 20 bands of 5 rows."""
+    return run_ours(path, out, bands=20)
 
 
 def run_fingerprint_only(path: str, out: str) -> dict:
@@ -160,7 +167,7 @@ def run_datasketch(path: str, out: str) -> dict:
     return {"removed": removed}
 
 
-TOOLS = {"ours": (run_ours, None), "ours-fingerprint": (run_fingerprint_only, None),
+TOOLS = {"ours": (run_ours, None), "ours-20x5": (run_ours_prepare, None), "ours-fingerprint": (run_fingerprint_only, None),
          "datatrove": (run_datatrove, "datatrove"), "datasketch": (run_datasketch, "datasketch")}
 
 
@@ -214,7 +221,8 @@ def write_corpus(path: Path, mb: float, seed: int = 0) -> tuple[int, list[list[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=200, help="corpus size in MB (default 200)")
-    parser.add_argument("--tools", nargs="*", default=["ours", "datatrove", "datasketch"], choices=list(TOOLS))
+    parser.add_argument("--tools", nargs="*", default=["ours", "ours-20x5", "datatrove", "datasketch"],
+                        choices=list(TOOLS))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

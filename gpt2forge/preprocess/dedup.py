@@ -295,11 +295,36 @@ def group_duplicates(n: int, pairs: list[tuple[int, int, float]] | np.ndarray) -
     return np.array([root(i) for i in range(n)], dtype=np.int64)
 
 
+ESTIMATE_MARGIN = 0.2
+"""How far below the threshold a pair's MinHash estimate of its Jaccard may fall and still be verified."""
+
+
+def estimated_jaccard(fp: Fingerprints, pairs: np.ndarray, chunk: int = 1 << 18) -> np.ndarray:
+    """(M,) float32: the fraction of signature rows each pair shares, MinHash's unbiased estimate of
+    its union Jaccard (standard deviation at most 0.5 / sqrt(num_perm): 0.05 at 100 rows)."""
+    out = np.empty(len(pairs), dtype=np.float32)
+    for lo in range(0, len(pairs), chunk):
+        a, b = pairs[lo:lo + chunk, 0], pairs[lo:lo + chunk, 1]
+        out[lo:lo + chunk] = (fp.signatures[a] == fp.signatures[b]).mean(axis=1)
+    return out
+
+
+def likely_pairs(fp: Fingerprints, pairs: np.ndarray, mode: str, threshold: float) -> np.ndarray:
+    """The candidate `pairs` worth verifying: in union mode those whose MinHash estimate is within
+    ESTIMATE_MARGIN of `threshold` (a pair of true Jaccard 0.5 estimated under 0.3 is 4 standard
+    deviations off at 100 rows; at 0.8 and above, 10), so the LSH bands' false candidates cost a
+    comparison of two signatures, not a re-read and a shingling of two texts each. The estimate is
+    of the union Jaccard only: the min and max modes verify every candidate."""
+    if mode != "union" or not len(pairs):
+        return pairs
+    return pairs[estimated_jaccard(fp, pairs) >= threshold - ESTIMATE_MARGIN]
+
+
 def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float = 0.5, heuristic_iter: int = 1,
                     workers: int = 1, progress: bool = True) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
     """(removed mask (N,) bool, verified pairs): every document but the first of its group is removed."""
-    pairs = verify_pairs(fp, candidate_pairs(fp, heuristic_iter), mode=mode, threshold=threshold,
-                         workers=workers, progress=progress)
+    candidates = likely_pairs(fp, candidate_pairs(fp, heuristic_iter), mode, threshold)
+    pairs = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress)
     labels = group_duplicates(len(fp), pairs)
     return labels != np.arange(len(fp)), pairs
 
