@@ -26,6 +26,7 @@ def documents(path: Path) -> dict[int, str]:
         return {(d := json.loads(line))["id"]: d["text"] for line in f}
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_from_the_documented_command(tmp_path, capsys):
     command = web_corpus.__doc__.split("\n\n")[1].replace("\\\n", " ").split("web_corpus.py", 1)[1]
     argv = shlex.split(command.replace("[", "").replace("]", ""))  # the optional --contaminate too
@@ -47,6 +48,7 @@ def test_same_seed_same_bytes_from_the_documented_command(tmp_path, capsys):
         web_corpus.main(["--docs", "0", "--output", "x", "--truth", "y"])
 
 
+@pytest.mark.slow
 def test_the_truth_describes_the_corpus(tmp_path):
     truth, _, _ = web_corpus.write_corpus(1500, tmp_path / "c.jsonl", tmp_path / "t.json", seed=3)
     assert truth == json.loads((tmp_path / "t.json").read_text())

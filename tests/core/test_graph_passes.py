@@ -1,5 +1,6 @@
 """The training step's inductor graph pass: the tied embedding's scatter goes into the dense sum."""
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -73,6 +74,7 @@ def test_left_alone_when_the_zeros_are_used_elsewhere_or_the_add_is_scaled():
         assert scatter_into_sum(gm.graph) == 0, fn.__name__
 
 
+@pytest.mark.slow
 def test_compiled_tied_embedding_grads_equal_eager(monkeypatch):
     from torch._inductor.utils import fresh_inductor_cache
 

@@ -332,6 +332,7 @@ def test_run_evaluate_sh_usage_line():
 
 # -- real test sets -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_real_wikitext_counts_and_a_few_windows(tmp_path, eval_data):
     from gpt2forge.text.tokenizer import load_tokenizer
 
@@ -351,6 +352,7 @@ def test_real_wikitext_counts_and_a_few_windows(tmp_path, eval_data):
     assert rec["dataset"]["sha256"] == "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", [False, True])
 def test_real_lambada_counts_and_a_subset(tmp_path, strict, eval_data):
     from gpt2forge.evaluation.data import read_json_lines
@@ -391,6 +393,7 @@ def test_trainer_logs_quick_zero_shot_next_to_validation(tmp_path, capsys):
     assert len(lines) == 2 and "wikitext ppl" in lines[0] and "lambada acc" in lines[0] and "(5 examples)" in lines[0]
 
 
+@pytest.mark.slow
 def test_large_corpus_modes_jsonl_and_mmap(tmp_path, capsys):
     """Loose JSON (documents + <|endoftext|>) and a Megatron mmap prefix give the stream's perplexity."""
     from gpt2forge.data.indexed import IndexedWriter
@@ -470,6 +473,7 @@ def test_shipped_task_command_lines_parse(tmp_path):
     assert g.prompt == "Hi" and g.output_len == 256
 
 
+@pytest.mark.slow
 def test_task_scripts_run_as_written_on_a_short_context_checkpoint(tmp_path):
     """`make train`'s model has 128 positions: the scripts' defaults (the reference's 1024-token windows and
     256 generated tokens) are fitted to the model's context, as README's next steps run them."""

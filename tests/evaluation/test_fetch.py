@@ -66,6 +66,7 @@ def test_hub_path_rebuilds_the_original_files(tmp_path, eval_data):
     assert [file_sha256(p) for p in paths] == [s.sha256 for files in fetch.SETS.values() for s in files]
 
 
+@pytest.mark.slow
 def test_offline_and_missing_are_one_line_with_the_command(tmp_path, monkeypatch):
     def offline(**_):
         raise OSError("no route to host")

@@ -273,6 +273,7 @@ def test_kfac_flags_reach_the_same_config_fields():
             cfg.kfac.kfac_compute_method) == (True, 5, 50, "inverse")
 
 
+@pytest.mark.slow
 def test_load_with_shape_flags_that_contradict_the_checkpoint_is_one_line(tmp_path, capsys):
     # Issue 46 item 10: --load of a 2-layer checkpoint with --num-layers 3 trained the 2 layers silently.
     from gpt2forge.cli import megatron_main

@@ -170,6 +170,7 @@ def test_bad_flags_are_one_line(argv, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_errors_from_below_the_front_end_name_run_clms_flags(tmp_path, capsys):
     # `--dataset_name wikitext` not cached here used to say `pass --input-files DIR`, which train_clm.py refuses.
     from gpt2forge.cli import clm_main

@@ -351,6 +351,7 @@ def _resave(root: Path, checkpoint_version: float | None = None, shrink: str | N
 # ------------------------------------------------------------------ Megatron-Core's own GPTModel
 
 
+@pytest.mark.slow
 def test_megatron_core_gpt_model_checkpoints_load_with_its_logits(tmp_path):
     """Megatron-Core 0.19.2 builds its GPTModel (local layer spec, CPU initialisation, gloo) at TP=2
     and TP=1, runs its forward, and saves each rank as Megatron-LM does; we load and compare."""

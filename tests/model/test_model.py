@@ -307,6 +307,7 @@ def test_model_with_parts_removed_chains_to_the_whole_forward_and_loss():
         first(ids, labels)
 
 
+@pytest.mark.slow
 def test_compiled_gelu_new_is_the_tanh_gelu_and_its_gradient():
     # Under torch.compile gelu_new is written x * sigmoid(2z) (an exp where inductor's tanh costs
     # more); it must be the eager tanh form's function and gradient to fp32 rounding, tails included.

@@ -204,6 +204,7 @@ def test_loader_without_library_prints_one_notice_and_falls_back(
     assert x.tolist() == [1.0, 3.0, 5.0]
 
 
+@pytest.mark.slow
 def test_unloadable_library_falls_back_with_rebuild_hint(tmp_path: Path):
     # A file that dlopen rejects stands in for a library built against another torch. Run in a
     # fresh interpreter: this one may already hold the ops from the session build.

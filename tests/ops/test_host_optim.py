@@ -287,6 +287,7 @@ def test_fsdp2_cpu_offloaded_shards_use_the_op(kernel):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_benchmark_quick_runs(kernel, capsys):
     import importlib.util
     from pathlib import Path

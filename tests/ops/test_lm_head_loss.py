@@ -171,6 +171,7 @@ def test_model_fused_loss_equals_plain_for_batches_with_sequence_serialization(i
         torch.testing.assert_close(p.grad, ref[n], rtol=1e-4, atol=1e-6, msg=n)
 
 
+@pytest.mark.slow
 def test_fused_loss_compiles():
     model = tiny_model()
     model.fused_loss = LossChunking(16, 2)
@@ -198,7 +199,7 @@ def test_flag_contradictions_and_layer_selection():
         checkpointed_layers(4, False, [7])
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_activation_checkpointing_gives_same_gradients_with_dropout(compiled):
     if compiled:  # earlier tests' graphs of GPT2LMHeadModel.forward count against dynamo's recompile limit (8);
         torch.compiler.reset()  # past it torch 2.11 runs the forward eagerly, whose dropout masks are not inductor's
@@ -275,6 +276,7 @@ def test_training_with_fused_loss_follows_the_plain_loss_curve(tmp_path, capsys)
         assert abs(a - b) < 2e-3 * max(1.0, abs(a))
 
 
+@pytest.mark.slow
 def test_compiled_row_pass_equals_eager():
     # On CUDA the one-vocabulary-chunk pass runs torch.compile'd (Triton); inductor compiles the
     # same function for the CPU here, so its semantics are checked without a GPU: both row counts

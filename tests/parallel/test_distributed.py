@@ -372,6 +372,7 @@ def test_layout_that_does_not_divide_the_world_is_refused_before_process_groups(
         check_world(DistEnv(0, 0, 2), 3)
 
 
+@pytest.mark.slow
 def test_bad_world_exits_2_with_one_line(tiny_config):
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": "1"}  # nothing listens there: reaching process-group setup would hang or fail

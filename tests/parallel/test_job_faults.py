@@ -87,6 +87,7 @@ def test_other_errors_are_not_collective_failures(world_of_one):
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
+@pytest.mark.slow
 def test_the_collective_timeout_takes_fractions_of_a_minute():
     env = {**os.environ, "GPT2FORGE_DIST_TIMEOUT_MIN": "0.25"}
     out = subprocess.run([sys.executable, "-c", "from gpt2forge.parallel.distributed import TIMEOUT; "

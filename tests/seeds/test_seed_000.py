@@ -193,6 +193,7 @@ def test_seed_000_data_command(paths, command, expected):
 
 @pytest.mark.parametrize("env", [{}, {"MASTER_ADDR": "localhost", "MASTER_PORT": "9994", "RANK": "0",
                                       "LOCAL_RANK": "0"}], ids=["python", "emulated-distributed"])
+@pytest.mark.slow
 def test_seed_000_pretraining(paths, tmp_path, monkeypatch, env):
     """The seed's GPT_ARGS, OUTPUT_ARGS and DATA_ARGS on the prefix `preprocess` writes, fp16 included, run
     by `python` as written and with the seed's single-GPU emulation of a distributed environment."""

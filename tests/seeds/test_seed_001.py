@@ -180,6 +180,7 @@ ROWS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, shrink, expected", [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
 def test_seed_001_command(files, tmp_path, command, shrink, expected):
     paths = {**files, "<valid_run>": tmp_path / "valid_run"}
@@ -196,6 +197,7 @@ def test_seed_001_command(files, tmp_path, command, shrink, expected):
         assert all("8 documents" in line and "--split" not in line for line in corpora[1:])
 
 
+@pytest.mark.slow
 def test_shipped_run_gpt2_eval_script_starts():
     import subprocess
     import sys

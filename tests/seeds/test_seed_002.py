@@ -81,6 +81,7 @@ def test_help_of_the_trainer():
     assert exc.value.code == 0
 
 
+@pytest.mark.slow
 def test_options_block_runs_and_resumes(seed_folder, monkeypatch, capsys):
     """pretrain.pbs's OPTIONS in one process (fp16 as written); launched again, the same line continues
     from the newest checkpoint in --output_dir (--resume_from_checkpoint bare)."""
@@ -106,6 +107,7 @@ def test_kfac_lines_switch_kfac_on(seed_folder, monkeypatch):
     assert (cfg.parallel.batch_size, cfg.parallel.gradient_accumulation, cfg.runtime.precision) == (1, 8, "fp16")
 
 
+@pytest.mark.slow
 def test_torchrun_launcher_line(seed_folder, tmp_path):
     """`torchrun --nnodes=1 --nproc_per_node=auto --standalone -m llm.trainers.gpt {options}` (auto: one
     process per CPU core without GPUs; 2 where the machine has more than 4 cores), in fp32 (the CPU

@@ -44,6 +44,7 @@ def script_main(path: str):
     return runpy.run_path(str(ROOT / path), run_name="seed_003")["main"]
 
 
+@pytest.mark.slow
 def test_openwebtext_pipeline_as_the_seed_writes_it(tmp_path, capsys):
     urls = tmp_path / "URLs"
     urls.mkdir()
@@ -113,6 +114,7 @@ def test_colossal_launch_runs_with_zero3_offload(colossal_run, tmp_path, monkeyp
     assert "no meaning here, ignored" not in err  # every setting of gpt2_zero3.py has a meaning here
 
 
+@pytest.mark.slow
 def test_colossal_launch_line_under_torchrun(colossal_run, tmp_path):
     """The seed's whole line: `torchrun --standalone --nproc_per_node=1 train_gpt.py --config=... --from_torch`."""
     argv, env = colossal_run

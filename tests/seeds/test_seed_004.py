@@ -95,6 +95,7 @@ def test_readme_training_lines_run(name, tiny, capsys):
     assert "Embedding --> stage 0" in out and f"Layer {layers_of(line) - 1:<2} --> stage" in out
 
 
+@pytest.mark.slow
 def test_run_script_runs_as_written_with_extra_flags(tiny):
     """`bash run/pretraining_small.sh` (torchrun through run/launch.sh), flags appended as the script allows."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -191,6 +192,7 @@ def hf_folder(tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_evaluation_lines_run(hf_folder, tmp_path):
     """`bash tasks/run_evaluate.sh wiki` and `... lmbd`, the checkpoint and data given as the script's
     environment says (the README's lines name neither)."""
@@ -208,6 +210,7 @@ def test_evaluation_lines_run(hf_folder, tmp_path):
         assert metric in proc.stdout and (tmp_path / "results" / f"{task}.json").is_file(), proc.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_text_generation_line_runs(hf_folder, monkeypatch, capsys):
     """`python text_generate_gpt2.py --model-name-or-path gpt2 --fp16 true --single-ipu true
     --poptorch-loop true --output-len 256` (the hub name swapped for a local folder), interactive: one

@@ -53,6 +53,7 @@ def test_prose_of_keeps_only_prose_paragraphs():
     assert corpus.prose_of(DOCTEST + "\n\n" + CODE_BLOCK) == ""
 
 
+@pytest.mark.slow
 def test_build_documents_nonempty_prose(documents):
     assert len(documents) > 50
     assert sum(len(d.split()) for d in documents) > 50_000
@@ -60,6 +61,7 @@ def test_build_documents_nonempty_prose(documents):
     assert not any(line.lstrip().startswith(">>>") for d in documents for line in d.splitlines())
 
 
+@pytest.mark.slow
 def test_build_documents_deterministic(documents):
     # Two full builds cost ~4 s more; a real stdlib package (with subpackages) twice shows the
     # same, and test_fake_stdlib_order_and_skips covers file-creation order.
@@ -125,6 +127,7 @@ def test_fake_stdlib_order_and_skips(tmp_path):
                     _sentence("pkgword"), _sentence("etatopic"), _sentence("zetatopic")]
 
 
+@pytest.mark.slow
 @needs_vocab
 def test_build_corpus_ends_each_document_with_one_eot(documents):
     tok = load_tokenizer()

@@ -137,6 +137,7 @@ def test_ensure_vocab_is_idempotent(tmp_path, monkeypatch, capsys):
     assert vocab.main(["--check"]) == 0
 
 
+@pytest.mark.slow
 @needs_vocab
 def test_ensure_vocab_derives_pinned_hf_files(tmp_path, monkeypatch):
     shutil.copyfile(ASSETS / vocab.TIKTOKEN_FILE, tmp_path / vocab.TIKTOKEN_FILE)

@@ -150,6 +150,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 def test_plot_draws_the_files_data(tmp_path, capsys):
     metrics = tmp_path / "metrics.jsonl"
     write_metrics(metrics)

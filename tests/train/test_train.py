@@ -139,6 +139,7 @@ def test_same_seed_is_bit_reproducible(tiny_config, tmp_path, capsys):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_same_seed_is_bit_reproducible_compiled(tiny_config, tmp_path, capsys):
     # Inductor's CPU scatter-add (the tied embedding's gradient) adds with atomics in thread order;
     # --deterministic auto (on for the CPU) makes it call ATen's ordered kernel instead.
@@ -195,6 +196,7 @@ KILL_CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_kill_9_mid_save_leaves_earlier_checkpoints_intact(tmp_path):
     root, flag = tmp_path / "ckpts", tmp_path / "flag"
     proc = subprocess.Popen([sys.executable, "-c", KILL_CHILD, str(root), str(flag)], cwd=ROOT)
