@@ -99,8 +99,8 @@ def child_op(args, variant: str) -> dict:
     import torch.nn.functional as F
 
     import gpt2forge.ops.lm_head_loss as lhl
+    from gpt2forge.core.device import resolve_device
     from gpt2forge.core.precision import autocast
-    from gpt2forge.core.runtime import resolve_device
 
     device = resolve_device(args.device)
     V = 50257 if args.vocab >= 50257 else args.vocab
@@ -137,8 +137,8 @@ def child_op(args, variant: str) -> dict:
 def child_train(args, variant: str) -> dict:
     import torch
 
+    from gpt2forge.core.device import resolve_device
     from gpt2forge.core.precision import autocast
-    from gpt2forge.core.runtime import resolve_device
     from gpt2forge.model.config import ModelConfig
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
     from gpt2forge.ops.lm_head_loss import LossChunking

@@ -132,8 +132,8 @@ def _build_ours(args, device, precision, cfg, model):
     import torch
 
     from gpt2forge.core.determinism import deterministic_algorithms
+    from gpt2forge.core.device import configure_host_allocator
     from gpt2forge.core.loss_scaler import LossScaler
-    from gpt2forge.core.runtime import configure_host_allocator
     from gpt2forge.ops.fp_mode import flush_denormals
     from gpt2forge.parallel.data_parallel import DataParallelStrategy
     from gpt2forge.parallel.strategy import ParallelRequest
@@ -273,8 +273,8 @@ def _serve(impl: str, precision: str, args: argparse.Namespace, conn) -> None:
     """Build, then answer ("step", None) with one step's times and ("finish", None) with peak memory."""
     import torch
 
+    from gpt2forge.core.device import resolve_device, synchronize
     from gpt2forge.core.precision import configure_matmul
-    from gpt2forge.core.runtime import resolve_device, synchronize
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
     device = resolve_device(args.device)
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     wait_for_quiet(args.wait_quiet)
     import torch
 
-    from gpt2forge.core.runtime import resolve_device
+    from gpt2forge.core.device import resolve_device
     from gpt2forge.train.metrics import peak as metrics
 
     try:

@@ -33,8 +33,8 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
+from gpt2forge.core.device import with_index
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import with_index
 
 MARGIN = 1.15
 """bf16 is chosen when its probe takes at most 1/MARGIN of fp32's: a tie keeps fp32's exact math."""

@@ -21,11 +21,11 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
+from gpt2forge.core.device import resolve_device
 from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError, cli_main, naming_gpu_failures
 from gpt2forge.core.flags import str_to_bool
 from gpt2forge.core.precision import configure_matmul, resolve_precision
-from gpt2forge.core.runtime import resolve_device
 from gpt2forge.evaluation.data import data_format, load_stream, read_json_lines, read_text
 from gpt2forge.evaluation.detokenizer import DETOKENIZERS, detokenizer_name_for, get_detokenizer, sample_of
 from gpt2forge.evaluation.megatron_eval import add_megatron_flags, apply_megatron_flags, check_shape, dispatch

@@ -20,10 +20,11 @@ from typing import TextIO
 import torch
 
 from gpt2forge.core import log
+from gpt2forge.core.device import resolve_device
 from gpt2forge.core.errors import UsageError, collect, naming_gpu_failures
 from gpt2forge.core.flags import str_to_bool
+from gpt2forge.core.memory import GiB, available_device_memory
 from gpt2forge.core.precision import cpu_half_matmul_is_emulated
-from gpt2forge.core.runtime import GiB, available_device_memory, resolve_device
 from gpt2forge.generate import gemv
 from gpt2forge.generate.generator import GenerationResult, Generator
 from gpt2forge.generate.sampling import SamplingConfig

@@ -26,7 +26,7 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.capability import capabilities
-from gpt2forge.core.runtime import synchronize
+from gpt2forge.core.device import synchronize
 from gpt2forge.generate.decode_loop import DecodeLoop, Rows, TokenCallback, cuda_graph
 from gpt2forge.generate.fused_step import FusedDecodeStep
 from gpt2forge.generate.gemv import (

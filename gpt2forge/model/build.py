@@ -22,7 +22,7 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
-from gpt2forge.core.runtime import refuse_beyond_host
+from gpt2forge.core.memory import refuse_beyond_host
 from gpt2forge.model.args import ModelArgs
 from gpt2forge.model.checkpoint import load_model, load_model_config, resolve_checkpoint_dir
 from gpt2forge.model.config import ModelConfig

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from gpt2forge.core.runtime import maybe_compile
+from gpt2forge.core.compilation import maybe_compile
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import full_optimizer_state, full_tensor, wrap_data_parallel
 from gpt2forge.parallel.strategy import (

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from gpt2forge.core import log
+from gpt2forge.core.device import with_index
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import with_index
 from gpt2forge.parallel.health import backend_failure_hint, first_words, preflight
 
 TIMEOUT = datetime.timedelta(minutes=float(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))

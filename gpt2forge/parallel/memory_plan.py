@@ -46,7 +46,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import opt, positive
-from gpt2forge.core.runtime import GiB, available_device_memory, available_host_memory, device_capacity
+from gpt2forge.core.memory import GiB, available_device_memory, available_host_memory, device_capacity
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import Block
 from gpt2forge.ops.lm_head_loss import LossChunking

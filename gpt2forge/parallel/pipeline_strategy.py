@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 
 from gpt2forge.core import log
+from gpt2forge.core.compilation import compile_enabled
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.core.runtime import compile_enabled
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import DistEnv, all_reduce_sum, full_tensor, local_tensor
 from gpt2forge.parallel.health import Watchdog

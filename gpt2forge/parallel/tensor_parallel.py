@@ -45,9 +45,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 from gpt2forge.core import log
+from gpt2forge.core.compilation import compile_enabled
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
-from gpt2forge.core.runtime import compile_enabled
 from gpt2forge.model.gpt2 import GPT2LMHeadModel, LMLoss
 from gpt2forge.parallel.distributed import DistEnv, full_tensor
 from gpt2forge.parallel.fsdp import whole_model_from

@@ -16,10 +16,11 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.determinism import deterministic_algorithms
+from gpt2forge.core.device import configure_host_allocator, resolve_device, synchronize
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.loss_scaler import LossScaler, build_loss_scaler
+from gpt2forge.core.memory import refuse_beyond_host
 from gpt2forge.core.precision import autocast_dtype, configure_matmul, resolve_precision
-from gpt2forge.core.runtime import configure_host_allocator, refuse_beyond_host, resolve_device, synchronize
 from gpt2forge.data import DatasetSplit
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.build import build_model

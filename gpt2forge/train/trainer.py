@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from gpt2forge.core import log
-from gpt2forge.core.runtime import synchronize
+from gpt2forge.core.device import synchronize
 from gpt2forge.generate.generator import print_sample
 from gpt2forge.parallel.distributed import shutdown
 from gpt2forge.parallel.health import wait_for_rank0

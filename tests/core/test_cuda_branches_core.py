@@ -1,6 +1,6 @@
-"""The CUDA-only branches of gpt2forge.core (runtime, precision, determinism, loss_scaler), run on the
-CPU under the fake CUDA runtime (tests/fake_cuda.py): device names, matmul flags, precision and its loss
-scaler, determinism, synchronisation, memory."""
+"""The CUDA-only branches of gpt2forge.core (device, compilation, memory, precision, determinism,
+loss_scaler), run on the CPU under the fake CUDA runtime (tests/fake_cuda.py): device names, matmul flags,
+precision and its loss scaler, determinism, synchronisation, memory."""
 
 import os
 import types
@@ -8,19 +8,13 @@ import types
 import pytest
 import torch
 
+from gpt2forge.core.compilation import compile_enabled
 from gpt2forge.core.determinism import deterministic_algorithms
+from gpt2forge.core.device import resolve_device, synchronize, with_index
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.loss_scaler import build_loss_scaler
+from gpt2forge.core.memory import GiB, available_device_memory, device_capacity
 from gpt2forge.core.precision import configure_matmul, resolve_precision
-from gpt2forge.core.runtime import (
-    GiB,
-    available_device_memory,
-    compile_enabled,
-    device_capacity,
-    resolve_device,
-    synchronize,
-    with_index,
-)
 
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)
 

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt2forge.core.device import loader_workers, resolve_device
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.loss_scaler import LossScaler
 from gpt2forge.core.precision import resolve_precision
-from gpt2forge.core.runtime import loader_workers, resolve_device
 
 
 def _params_with_grads(*values):
@@ -92,7 +92,7 @@ def test_host_allocator_setting_applies_once_and_yields_to_the_environment():
     import subprocess
     import sys
 
-    code = "from gpt2forge.core.runtime import configure_host_allocator as c; print(c())"
+    code = "from gpt2forge.core.device import configure_host_allocator as c; print(c())"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     applied = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     expected = "True" if sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") else "False"

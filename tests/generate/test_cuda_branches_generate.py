@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import GiB
+from gpt2forge.core.memory import GiB
 from gpt2forge.generate.cli import check_cache_fits
 from gpt2forge.generate.decode_loop import cuda_graph
 from gpt2forge.generate.generator import Generator

@@ -7,7 +7,7 @@ import torch
 
 import gpt2forge.parallel.memory_plan as memory_plan
 from gpt2forge.cli import train_main
-from gpt2forge.core.runtime import GiB
+from gpt2forge.core.memory import GiB
 from gpt2forge.model.config import ModelConfig
 
 CPU, CUDA0 = torch.device("cpu"), torch.device("cuda", 0)

@@ -155,7 +155,7 @@ def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(monkeypa
     # a mistyped --max-len (1e11 positions) asked the allocator for 12.8 TB and died in nn.Embedding
     import torch
 
-    from gpt2forge.core import runtime
+    from gpt2forge.core import memory
     from gpt2forge.model.build import build_model
 
     cfg = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "99999999999"])
@@ -164,10 +164,10 @@ def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(monkeypa
     assert "\n" not in str(exc.value)
     small = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "32"])
     need = 4 * small.model_source().config.num_params()
-    monkeypatch.setattr(runtime, "available_host_memory", lambda: need - 1.0)
+    monkeypatch.setattr(memory, "available_host_memory", lambda: need - 1.0)
     with pytest.raises(UsageError, match="available"):
         build_model(small.model_source(), torch.device("cpu"))
-    monkeypatch.setattr(runtime, "available_host_memory", lambda: float(need))
+    monkeypatch.setattr(memory, "available_host_memory", lambda: float(need))
     model = build_model(small.model_source(), torch.device("cpu"))
     assert sum(p.numel() for p in model.parameters()) >= 1
 
@@ -176,7 +176,7 @@ def test_a_model_too_big_for_the_host_is_refused_before_it_is_allocated(monkeypa
                                   "--device-iterations"])
 def test_a_step_too_big_for_the_host_is_refused_by_its_flags(flag, monkeypatch):
     # --batch-size 99999999999 asked the allocator for 12.8 TB while drawing the epoch's order
-    from gpt2forge.core import runtime
+    from gpt2forge.core import memory
     from gpt2forge.train.setup import check_step_fits_host
 
     cfg = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "16", flag, "99999999999"])
@@ -185,6 +185,6 @@ def test_a_step_too_big_for_the_host_is_refused_by_its_flags(flag, monkeypatch):
     assert "\n" not in str(exc.value)
     ok = parse_args(["--model", "gpt2-test", "--dataset", "generated", "--max-len", "16", flag, "2"])
     check_step_fits_host(ok)
-    monkeypatch.setattr(runtime, "available_host_memory", lambda: 16.0 * ok.samples_per_step * 16 - 1)
+    monkeypatch.setattr(memory, "available_host_memory", lambda: 16.0 * ok.samples_per_step * 16 - 1)
     with pytest.raises(UsageError, match="choose a smaller batch"):
         check_step_fits_host(ok)

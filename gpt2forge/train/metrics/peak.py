@@ -23,8 +23,8 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
+from gpt2forge.core.device import synchronize
 from gpt2forge.core.precision import PRECISION_DTYPES, cpu_half_matmul_is_emulated, cpu_identity
-from gpt2forge.core.runtime import synchronize
 
 PEAK_READS = 4
 """Matmul reads of a CPU's peak at start-up when none is cached for this CPU (one read when one is:
