@@ -74,6 +74,7 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict:
 
     from gpt2forge.core.graph_passes import compile_options
     from gpt2forge.data import DataRequest, load_datasets, split_batch
+    from gpt2forge.data.args import DataArgs
     from gpt2forge.model.config import ModelConfig
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
     from gpt2forge.ops.lm_head_loss import LossChunking
@@ -87,9 +88,9 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict:
     lr, wd = float(peer_nanogpt.train_flag("--learning-rate")), float(peer_nanogpt.train_flag("--weight-decay"))
     clip = float(peer_nanogpt.train_flag("--max-grad-norm"))
     batch = int(peer_nanogpt.train_flag("--batch-size"))
-    data = load_datasets(DataRequest("pickle", (args.corpus,), max_len, cfg.vocab_size, seed,
-                                     stride=int(peer_nanogpt.train_flag("--stride")), val_num=args.val_num,
-                                     windows="packed"))
+    corpus = DataArgs(dataset="pickle", input_files=[args.corpus], seed=seed,
+                      stride=int(peer_nanogpt.train_flag("--stride")), val_num=args.val_num, windows="packed")
+    data = load_datasets(DataRequest(corpus, max_len, cfg.vocab_size))
     train = data.train.stream.long()
     torch.manual_seed(1337 + seed)
     with contextlib.redirect_stdout(io.StringIO()):  # nanoGPT prints its parameter count and groups

@@ -252,11 +252,13 @@ def write_nanogpt_folder(folder: Path, seed: int, args: argparse.Namespace):
     import numpy as np
 
     from gpt2forge.data import DataRequest, load_datasets
+    from gpt2forge.data.args import DataArgs
 
     max_len, stride = args.max_len, stride_for(args)
     vocab = int(json.loads(Path(args.model_config).read_text())["vocab_size"])
-    data = load_datasets(DataRequest("pickle", (args.corpus,), max_len, vocab, seed, stride=stride,
-                                     val_num=args.val_num, windows="packed"))
+    corpus = DataArgs(dataset="pickle", input_files=[args.corpus], seed=seed, stride=stride, val_num=args.val_num,
+                      windows="packed")
+    data = load_datasets(DataRequest(corpus, max_len, vocab))
     held_out = np.concatenate([data.val.tokens[s:s + n].numpy() for s, n in data.val.windows.tolist()])
     if held_out.size <= max_len + 1:
         raise SystemExit(f"error: the {args.val_num} held-out windows hold {held_out.size} tokens; nanoGPT's "

@@ -114,13 +114,15 @@ def trainer_worker(args: argparse.Namespace) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     from gpt2forge.data import DataRequest, load_datasets, split_batch
+    from gpt2forge.data.args import DataArgs
 
     config = GPT2Config.from_json_file(args.model_config)
     train_args = make_train_args()
     max_len = int(train_args[train_args.index("--max-len") + 1])
     config.n_positions = max_len  # as our trainer sizes a fresh model's position table to --max-len
-    data = load_datasets(DataRequest("pickle", (args.corpus,), max_len, config.vocab_size, args.seed,
-                                     stride=128, val_num=args.val_num, windows=args.trainer_windows))
+    corpus = DataArgs(dataset="pickle", input_files=[args.corpus], seed=args.seed, stride=128, val_num=args.val_num,
+                      windows=args.trainer_windows)
+    data = load_datasets(DataRequest(corpus, max_len, config.vocab_size))
     eot = config.eos_token_id
 
     def collate(items: list[torch.Tensor]) -> dict[str, torch.Tensor]:

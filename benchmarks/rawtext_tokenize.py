@@ -34,8 +34,9 @@ CHILD = """
 import sys, time
 from pathlib import Path
 from gpt2forge.data import DataRequest, rawtext
+from gpt2forge.data.args import DataArgs
 src, cache, workers, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-req = DataRequest("jsonl", (src,), 1024, 50257, 1234, cache_dir=cache)
+req = DataRequest(DataArgs(dataset="jsonl", input_files=[src], data_cache_dir=cache), 1024, 50257)
 t0 = time.perf_counter()
 if mode == "build":
     rawtext.write_build(Path(cache) / "bench", [Path(src)], "jsonl", req, workers=workers)

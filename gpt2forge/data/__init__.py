@@ -1,7 +1,7 @@
 """Training data: one reader per on-disk format behind one interface, and the registry that picks it.
 
-Owns the data flags (`args`: the `DataArgs` section of the run's configuration and the
-`data_request` built from it), the reader contract (`contract`: `DataRequest` in, `DatasetSplit`
+Owns the data flags (`args`: the `DataArgs` section of the run's configuration), the reader
+contract (`contract`: `DataRequest` in -- that section and what the run decided --, `DatasetSplit`
 out, items of ``max_len + 1`` token ids, the `DataAccount` of what a reader kept and dropped, the
 `ShardedStream` base and the `EpochOrdered` hook), the readers (`generated`, `pickled` with
 `safe_pickle` and its `window_accounts`, `mmap` over the Megatron `indexed` format,
@@ -48,18 +48,18 @@ DATASETS: dict[str, Reader] = {
 
 
 def load_datasets(req: DataRequest) -> DatasetSplit:
-    """Build the train (and optional validation) dataset that ``req.dataset`` names, with the accounts of
+    """Build the train (and optional validation) dataset that ``req.data.dataset`` names, with the accounts of
     what its reader kept and dropped (the first one the training split's).
 
     Raises:
         UsageError: unknown dataset name (the message lists the valid ones), or any problem the
             reader finds with its flags or files.
     """
-    reader = DATASETS.get(req.dataset)
+    reader = DATASETS.get(req.data.dataset)
     if reader is None:
-        raise UsageError(f"--dataset {req.dataset} is unknown; choose one of {', '.join(DATASETS)}")
+        raise UsageError(f"--dataset {req.data.dataset} is unknown; choose one of {', '.join(DATASETS)}")
     split = reader(req)
-    assert split.accounts and split.accounts[0].split == "train", f"--dataset {req.dataset}: no training account"
+    assert split.accounts and split.accounts[0].split == "train", f"--dataset {req.data.dataset}: no training account"
     return split
 
 

@@ -1,6 +1,6 @@
-"""The data section of the run's configuration (`--dataset`, `--input-files`, ...), and the reader
-request built from it (`data_request`): the flags live with the readers that take them, as
-ParallelArgs lives in gpt2forge.parallel.topology.
+"""The data section of the run's configuration (`--dataset`, `--input-files`, ...): the flags live with
+the readers that take them, as ParallelArgs lives in gpt2forge.parallel.topology. A reader gets the
+section itself, inside a `DataRequest` (gpt2forge.data.contract) with what the run decided.
 """
 
 from __future__ import annotations
@@ -9,7 +9,12 @@ import dataclasses
 
 from gpt2forge.core.errors import collect
 from gpt2forge.core.flags import flag, opt, positive
-from gpt2forge.data.contract import WINDOWS, DataRequest
+
+WINDOWS = ("document", "packed", "random")
+"""How the pickle reader draws training windows (`--windows`; see `data.pickled`)."""
+
+PATH_FIELDS = ("input_files", "train_data_path", "valid_data_path", "test_data_path")
+"""The fields holding paths (or weighted prefixes): a bare string among them is one path."""
 
 
 @dataclasses.dataclass
@@ -92,10 +97,16 @@ class DataArgs:
     """Background prefetch of batches (pinned memory on CUDA)"""
 
     def __post_init__(self) -> None:
+        # A bare string would otherwise be iterated character by character (a reference QUIRK).
+        for name in PATH_FIELDS:
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, [getattr(self, name)])
         problems = positive(self, "stride")
         problems += [f"--{flag(name)} must be >= 0" for name in ("val_num", "num_workers")
                      if getattr(self, name) < 0]
         problems += positive(self, "preprocessing_workers", optional=True)
+        if self.windows is not None and self.windows not in WINDOWS:
+            problems.append(f"--windows {self.windows} is not one of {', '.join(WINDOWS)}")
         if not 0 <= self.validation_split_percentage < 100:
             problems.append("--validation-split-percentage must be in [0, 100) "
                             f"(got {self.validation_split_percentage})")
@@ -113,19 +124,3 @@ class DataArgs:
         if self.loss_on == "completion" and self.dataset not in ("jsonl", None):
             problems.append("--loss-on completion needs --dataset jsonl with prompt/completion records")
         collect(problems)
-
-
-def data_request(args: DataArgs, max_len: int, vocab_size: int, samples_per_step: int, epochs: int,
-                 steps: int | None) -> DataRequest:
-    """What the reader is asked for: `args` with what the run adds (the model's sequence length and
-    vocabulary, the samples per host step, the epochs, and the run's host steps when known before the
-    data is read)."""
-    return DataRequest(
-        args.dataset, tuple(args.input_files or ()), max_len, vocab_size, args.seed, args.stride, args.val_num,
-        samples_per_step, split=args.split, epochs=epochs, training_steps=steps, verify=args.verify,
-        windows=args.windows, train_samples=None if steps is None else steps * samples_per_step,
-        train_paths=tuple(args.train_data_path or ()), valid_paths=tuple(args.valid_data_path or ()),
-        test_paths=tuple(args.test_data_path or ()), tokenizer=args.tokenizer_name_or_path, json_key=args.json_key,
-        cache_dir=args.data_cache_dir, loss_on=args.loss_on, dataset_config=args.dataset_config_name,
-        validation_split_percentage=args.validation_split_percentage, keep_linebreaks=args.keep_linebreaks,
-        preprocessing_workers=args.preprocessing_workers, overwrite_cache=args.overwrite_cache)

@@ -117,25 +117,23 @@ def split_blends(req: DataRequest) -> tuple[list[Blend | None], tuple[bool, bool
     share: all three with ``--train-data-path`` ...; only the given ones with ``--valid-data-path`` /
     ``--test-data-path`` beside ``--input-files``, whose training data is still split by ``--split``
     (seed 001's Megatron-LM ``--valid-data`` / ``--test-data``)."""
-    per_split = (req.train_paths, req.valid_paths, req.test_paths)
+    per_split = (req.data.train_data_path, req.data.valid_data_path, req.data.test_data_path)
     flags = ("--train-data-path", "--valid-data-path", "--test-data-path")
-    if req.train_paths:
-        if req.input_files:
+    if req.data.train_data_path:
+        if req.data.input_files:
             raise UsageError("--input-files/--data-path and --train-data-path exclude each other (Megatron's too); "
                              "give one blend with --split, or one per split")
         return [parse_blend(p, f) if p else None for p, f in zip(per_split, flags)], (True, True, True)
-    if any(per_split) and not req.input_files:
+    if any(per_split) and not req.data.input_files:
         raise UsageError("--valid-data-path/--test-data-path need --train-data-path or --input-files too")
-    shared = parse_blend(req.input_files, "--input-files/--data-path")
+    shared = parse_blend(req.data.input_files or (), "--input-files/--data-path")
     return ([parse_blend(p, f) if p else shared for p, f in zip(per_split, flags)],
-            (False, bool(req.valid_paths), bool(req.test_paths)))
+            (False, bool(req.data.valid_data_path), bool(req.data.test_data_path)))
 
 
 def train_target(req: DataRequest) -> tuple[int | None, int]:
     """``(samples, epochs)`` asked of the training split: the samples the run consumes when known
     (Megatron-LM asks for ``train_iters x global_batch``), else whole ``--epochs``."""
-    if req.train_samples is not None:
-        return req.train_samples, 1
     if req.training_steps is not None:
         return req.training_steps * req.samples_per_step, 1
     return None, max(req.epochs, 1)

@@ -71,21 +71,22 @@ def load(req: DataRequest, prefix: Path) -> DatasetSplit:
     """
     data = IndexedDataset(prefix, vocab_size=req.vocab_size)
     records = len(data) // 2
-    bounds = split_boundaries(req.split, records)
+    bounds = split_boundaries(req.data.split, records)
     lengths = data.sizes[0::2].astype(np.int64) + data.sizes[1::2]
     cut = int((lengths > req.max_len + 1).sum())
-    log.info(f"jsonl --loss-on completion: {records} prompt/completion records, --split {req.split}: "
+    log.info(f"jsonl --loss-on completion: {records} prompt/completion records, --split {req.data.split}: "
              f"train {bounds[1] - bounds[0]}, valid {bounds[2] - bounds[1]}, test {bounds[3] - bounds[2]}; "
              f"{cut} longer than --max-len {req.max_len} + 1 (cut from the left of the prompt)")
     if bounds[1] <= bounds[0]:
-        raise UsageError(f"--input-files {' '.join(req.input_files)}: the training share of --split {req.split} "
-                         f"holds none of the {records} records; add records or give train a larger share")
+        raise UsageError(f"--input-files {' '.join(req.data.input_files)}: the training share of --split "
+                         f"{req.data.split} holds none of the {records} records; add records or give train a larger "
+                         "share")
     parts = [CompletionDataset(data, bounds[k], bounds[k + 1], req.max_len) if bounds[k + 1] > bounds[k] else None
              for k in range(3)]
     if parts[1] is None:
-        log.notice(f"--loss-on completion: the valid share of --split {req.split} holds no record; no "
+        log.notice(f"--loss-on completion: the valid share of --split {req.data.split} holds no record; no "
                    "validation loss will be logged")
-    source = f"jsonl {' '.join(req.input_files)} --loss-on completion"
+    source = f"jsonl {' '.join(req.data.input_files)} --loss-on completion"
     accounts = tuple(record_account(split, source, lengths[bounds[k]:bounds[k + 1]], req.max_len)
                      for k, split in enumerate(("train", "valid", "test")) if parts[k] is not None)
     return DatasetSplit(train=parts[0], val=parts[1], test=parts[2], accounts=accounts)

@@ -34,78 +34,33 @@ import torch
 
 from gpt2forge.core.errors import collect
 from gpt2forge.core.labels import IGNORE_INDEX
-
-WINDOWS = ("document", "packed", "random")
-"""How the pickle reader draws training windows (``--windows``; see ``data.pickled``)."""
+from gpt2forge.data.args import DataArgs
 
 
 @dataclass(frozen=True)
 class DataRequest:
-    """Everything a reader needs, resolved from the command line and the model config."""
+    """What a reader is asked for: the run's data section, and what the run decided around it.
 
-    dataset: str
-    """Registry key (``--dataset``): one of ``DATASETS``."""
-    input_files: tuple[str, ...]
-    """Paths from ``--input-files``; empty for ``generated``. A single string is taken as one path."""
+    Every data setting is a ``DataArgs`` field, read as ``req.data.<field>``; the fields here are the
+    run's shape, which no data flag sets alone (the model's sequence length and vocabulary, the run's
+    samples per step and length).
+    """
+
+    data: DataArgs
+    """The data section (``--dataset``, ``--input-files``, ``--split``, ...)."""
     max_len: int
     """Model sequence length (``--max-len``); every item is ``max_len + 1`` tokens."""
     vocab_size: int
     """The model's real vocabulary size; every token id must lie in ``[0, vocab_size)``."""
-    seed: int
-    """``--seed``: makes generated tokens and the pickle window shuffle reproducible."""
-    stride: int = 128
-    """``--stride``: tokens between the starts of consecutive pickle windows."""
-    val_num: int = 0
-    """``--val-num``: pickle windows held out for validation."""
     samples_per_step: int = 1
     """Global samples consumed per host step; ``generated`` makes exactly 4 host steps per epoch."""
-    split: str = "969,30,1"
-    """``--split``: train,valid,test weights over documents (mmap) or records (tfrecord), as Megatron."""
     epochs: int = 1
     """``--epochs``: mmap builds its training index for every epoch the run reads."""
     training_steps: int | None = None
-    """``--training-steps``: when set, decides the epochs the run reads instead of ``epochs``."""
-    verify: bool = False
-    """``--verify``: full integrity check on open (tfrecord: every record's CRCs, payload and ids)."""
-    windows: str | None = None
-    """``--windows``: how pickle training windows are drawn (``document``, ``packed``, ``random``; None:
-    the reader chooses, ``data.pickled.choose_windows``)."""
-    train_samples: int | None = None
-    """Training samples the run will consume (host steps x samples per step), known before the data is
-    read when the run length is given in steps or samples; mmap asks for exactly these, as Megatron-LM
-    asks for ``train_iters x global_batch`` (None: whole epochs, ``epochs``)."""
-    train_paths: tuple[str, ...] = ()
-    """``--train-data-path``: training prefixes, optionally weighted (``W1 P1 W2 P2``); mmap only."""
-    valid_paths: tuple[str, ...] = ()
-    """``--valid-data-path``: validation prefixes, optionally weighted (mmap); validation files (hf)."""
-    test_paths: tuple[str, ...] = ()
-    """``--test-data-path``: test prefixes, optionally weighted; mmap only."""
-    tokenizer: str | None = None
-    """``--tokenizer-name-or-path``: the raw-text readers tokenize with it (None: GPT-2's BPE)."""
-    json_key: str = "text"
-    """``--json-key``: the text field of a JSONL record (hf: the text column)."""
-    cache_dir: str | None = None
-    """``--data-cache-dir``: where raw-text readers keep their tokenized cache (None: beside the inputs)."""
-    loss_on: str = "all"
-    """``--loss-on``: ``all`` tokens, or only ``completion`` tokens (items then carry a loss mask)."""
-    dataset_config: str | None = None
-    """``--dataset-config-name``: hf: the dataset's configuration name (None: its default)."""
-    validation_split_percentage: int = 5
-    """``--validation-split-percentage``: hf without a validation split: the first N % of the training
-    records are validation, in [0, 100) (0: no validation)."""
-    keep_linebreaks: bool = True
-    """``--keep-linebreaks``: hf ``.txt`` records keep their line's ``\\n``."""
-    preprocessing_workers: int | None = None
-    """``--preprocessing-workers``: hf: processes tokenizing (datasets.map's num_proc; None: this process).
-    It changes the blocks, as in run_clm: each worker's batches drop their own remainders."""
-    overwrite_cache: bool = False
-    """``--overwrite-cache``: hf: rebuild the tokenized blocks even when cached."""
-
+    """``--training-steps``: when set, the run reads ``training_steps x samples_per_step`` training samples,
+    known before the data is read; mmap asks for exactly these, as Megatron-LM asks for ``train_iters x
+    global_batch`` (None: whole ``epochs``)."""
     def __post_init__(self) -> None:
-        # A bare string would otherwise be iterated character by character (a reference QUIRK).
-        for name in ("input_files", "train_paths", "valid_paths", "test_paths"):
-            value = getattr(self, name)
-            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value))
         errors = []
         if self.max_len < 1:
             errors.append(f"--max-len {self.max_len} must be >= 1")
@@ -116,14 +71,6 @@ class DataRequest:
                 f"samples per step {self.samples_per_step} must be >= 1 "
                 "(check --batch-size, --gradient-accumulation, --replication-factor)"
             )
-        if self.windows is not None and self.windows not in WINDOWS:
-            errors.append(f"--windows {self.windows} is not one of {', '.join(WINDOWS)}")
-        if self.val_num < 0:
-            errors.append(f"--val-num {self.val_num} must be >= 0")
-        if not 0 <= self.validation_split_percentage < 100:
-            errors.append(f"--validation-split-percentage {self.validation_split_percentage} must be in [0, 100)")
-        if self.preprocessing_workers is not None and self.preprocessing_workers < 1:
-            errors.append(f"--preprocessing-workers {self.preprocessing_workers} must be >= 1")
         collect(errors)
 
 

@@ -56,7 +56,7 @@ def load(req: DataRequest) -> DatasetSplit:
         num_samples=STEPS_PER_EPOCH * req.samples_per_step,
         sample_len=req.max_len + 1,
         vocab_size=req.vocab_size,
-        seed=req.seed,
+        seed=req.data.seed,
     )
     n, tokens = train.num_samples, train.num_samples * train.sample_len
     account = DataAccount("train", "generated (uniform random token ids)", n, tokens, n, "samples", tokens,

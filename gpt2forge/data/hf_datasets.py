@@ -156,9 +156,9 @@ def write_blocks(mapped, path: Path, block_size: int, dtype: np.dtype) -> dict:
 def build(raw: dict, column: str, req: DataRequest, slot: CacheSlot, key: str) -> dict:
     """Tokenize and group each split of ``raw`` into ``slot.prefix(key).{split}.npy``; their figures."""
     datasets = import_datasets()
-    tok = load_tokenizer(req.tokenizer)
+    tok = load_tokenizer(req.data.tokenizer_name_or_path)
     dtype = token_dtype(tok.vocab_size)
-    workers = req.preprocessing_workers
+    workers = req.data.preprocessing_workers
     fn = GroupTexts(tok.source, column, req.max_len, threads=8 if workers is None else 1)
     features = datasets.Features({"input_ids": datasets.List(datasets.Value(dtype.name)),
                                   "dropped": datasets.Value("int64")})
@@ -239,15 +239,15 @@ def identify(source: Source, req: DataRequest, settings: dict) -> tuple[CacheSlo
     """
     if source.kind == "files":
         files = [*source.train_files, *source.valid_files]
-        slot = cache_slot(files, settings, req.cache_dir)
+        slot = cache_slot(files, settings, req.data.data_cache_dir)
         return slot, file_records(files, read_manifest(slot)), None
     datasets = import_datasets()
     raw = open_raw(source, req, datasets)
     if source.kind == "name":
-        folder = req.cache_dir or str(Path(datasets.config.HF_DATASETS_CACHE) / "gpt2forge")
+        folder = req.data.data_cache_dir or str(Path(datasets.config.HF_DATASETS_CACHE) / "gpt2forge")
         slot = cache_slot([Path(folder) / source.where.replace("/", "--")], settings, folder)
     else:
-        slot = cache_slot([Path(source.where)], settings, req.cache_dir)
+        slot = cache_slot([Path(source.where)], settings, req.data.data_cache_dir)
     return slot, [{"split": s, "sha256": d._fingerprint} for s, d in raw.items() if d is not None], raw
 
 
@@ -259,16 +259,16 @@ def load(req: DataRequest) -> DatasetSplit:
     """
     start = time.time()
     source = resolve_source(req)
-    settings = {"reader": "hf", "layout": LAYOUT, "source": source.kind, "config": req.dataset_config,
-                "json_key": req.json_key, "block_size": req.max_len, "map_batch": MAP_BATCH,
-                "validation_split_percentage": req.validation_split_percentage,
-                "keep_linebreaks": req.keep_linebreaks, "workers": req.preprocessing_workers,
-                "validation_files": len(source.valid_files), "tokenizer_path": req.tokenizer}
+    settings = {"reader": "hf", "layout": LAYOUT, "source": source.kind, "config": req.data.dataset_config_name,
+                "json_key": req.data.json_key, "block_size": req.max_len, "map_batch": MAP_BATCH,
+                "validation_split_percentage": req.data.validation_split_percentage,
+                "keep_linebreaks": req.data.keep_linebreaks, "workers": req.data.preprocessing_workers,
+                "validation_files": len(source.valid_files), "tokenizer_path": req.data.tokenizer_name_or_path}
     slot, records, raw = identify(source, req, settings)
-    key = content_key(settings, tokenizer_identity(req.tokenizer), records)
+    key = content_key(settings, tokenizer_identity(req.data.tokenizer_name_or_path), records)
 
     def usable(m: dict) -> bool:  # --overwrite-cache: only a build made since this call started
-        return complete(m, key, slot) and (not req.overwrite_cache or m.get("built_at", 0) >= start)
+        return complete(m, key, slot) and (not req.data.overwrite_cache or m.get("built_at", 0) >= start)
 
     manifest = read_manifest(slot)
     reused = usable(manifest)
@@ -279,7 +279,7 @@ def load(req: DataRequest) -> DatasetSplit:
             if not reused:
                 datasets = import_datasets()
                 raw = raw or open_raw(source, req, datasets)
-                column = text_column(raw["train"], req.json_key, source.where, datasets)
+                column = text_column(raw["train"], req.data.json_key, source.where, datasets)
                 t0 = time.perf_counter()
                 try:
                     splits = build(raw, column, req, slot, key)

@@ -84,12 +84,12 @@ def _one_builder(files: list[Path], flag: str) -> str:
 
 
 def resolve_source(req: DataRequest) -> Source:
-    """Classify ``req.input_files`` (module doc).
+    """Classify ``req.data.input_files`` (module doc).
 
     Raises:
         UsageError: missing files, mixed or unsupported kinds, validation files without training files.
     """
-    entries = req.input_files
+    entries = req.data.input_files
     if not entries:
         raise UsageError("--dataset hf needs --input-files: a datasets folder, a dataset name, or .txt/.json/"
                          ".jsonl/.csv files")
@@ -102,10 +102,10 @@ def resolve_source(req: DataRequest) -> Source:
         source = Source("name", first)
     else:
         train = _expand(entries, "--input-files")
-        valid = _expand(req.valid_paths, "--valid-data-path") if req.valid_paths else []
+        valid = _expand(req.data.valid_data_path, "--valid-data-path") if req.data.valid_data_path else []
         _one_builder(train + valid, "--input-files" if not valid else "--input-files/--valid-data-path")
         return Source("files", str(train[0]), tuple(train), tuple(valid))
-    if req.valid_paths:
+    if req.data.valid_data_path:
         raise UsageError(f"--valid-data-path goes with --input-files files; {first} is a dataset, whose "
                          "validation split (or --validation-split-percentage) is used")
     return source
@@ -132,12 +132,12 @@ def open_raw(source: Source, req: DataRequest, datasets) -> dict:
             data_files = {"train": [str(f) for f in source.train_files]}
             if source.valid_files:
                 data_files["validation"] = [str(f) for f in source.valid_files]
-            options = {"keep_linebreaks": req.keep_linebreaks} if source.builder == "text" else {}
+            options = {"keep_linebreaks": req.data.keep_linebreaks} if source.builder == "text" else {}
             loaded = datasets.load_dataset(source.builder, data_files=data_files, **options)
         else:
-            loaded = datasets.load_dataset(source.where, req.dataset_config)
+            loaded = datasets.load_dataset(source.where, req.data.dataset_config_name)
     except ConnectionError:  # offline and not cached (datasets' message speaks of the hub)
-        config = f", '{req.dataset_config}'" if req.dataset_config else ""
+        config = f", '{req.data.dataset_config_name}'" if req.data.dataset_config_name else ""
         cache = datasets.config.HF_DATASETS_CACHE
         raise UsageError(f"--input-files {source.where}: not a local path, and not in the local datasets cache "
                          f"{cache} (nothing is downloaded): "
@@ -154,7 +154,7 @@ def open_raw(source: Source, req: DataRequest, datasets) -> dict:
                          "save the training records as the train split")
     if "validation" in loaded:
         return {"train": loaded["train"], "validation": loaded["validation"]}
-    return dict(zip(SPLITS, percent_split(loaded["train"], req.validation_split_percentage, datasets)))
+    return dict(zip(SPLITS, percent_split(loaded["train"], req.data.validation_split_percentage, datasets)))
 
 
 def percent_split(train, percentage: int, datasets) -> tuple:

@@ -8,7 +8,7 @@ prefixes, as Megatron-LM. Samples are built exactly as Megatron-Core 0.19's ``GP
 
 - documents (= sequences of the file) are split into train/valid/test ranges by ``--split``
   (``949,50,1``: weights; Megatron-Core rounds the running total, ``split_boundaries``);
-- a split is asked for the samples the run will read: the training split for ``train_samples``
+- a split is asked for the samples the run will read: the training split for ``training_steps x samples_per_step``
   (Megatron-LM's ``train_iters x global_batch``; whole ``--epochs`` when the run is given in epochs),
   validation and test for one pass;
 - ``doc_idx``: a split's documents repeated once per epoch those samples need and shuffled
@@ -395,8 +395,8 @@ def load(req: DataRequest, labels: dict[str, str] | None = None) -> DatasetSplit
     shared = set() if whole[0] else set(blends[0].prefixes)  # the corpora split by --split
     seq, bounds = req.max_len, {}
     for p, data in corpora.items():
-        bounds[p] = split_boundaries(req.split, len(data)) if p in shared else [0, len(data), len(data), len(data)]
-        where = "" if p not in shared else f"; --split {req.split}: " + ", ".join(
+        bounds[p] = split_boundaries(req.data.split, len(data)) if p in shared else [0, len(data), len(data), len(data)]
+        where = "" if p not in shared else f"; --split {req.data.split}: " + ", ".join(
             f"{n} [{bounds[p][k]}, {bounds[p][k + 1]})" for k, n in enumerate(SPLIT_NAMES) if not whole[k])
         log.info(f"mmap {p}: {len(data)} documents, {data.num_tokens} tokens ({data.dtype}){where}")
     samples, epochs = train_target(req)
@@ -414,17 +414,17 @@ def load(req: DataRequest, labels: dict[str, str] | None = None) -> DatasetSplit
         if len(blend.prefixes) == 1 and (whole[k] or blend.weights is None):
             p = blend.prefixes[0]
             asked = size if size is not None else passes * epoch_samples_of(corpora[p], *ranges[p], seq)
-            out.append(gpt_dataset(corpora[p], name, *ranges[p], asked or None, seq, req.seed))
+            out.append(gpt_dataset(corpora[p], name, *ranges[p], asked or None, seq, req.data.seed))
         else:
-            out.append(blended_split(name, blend, ranges, corpora, size, passes, seq, req.seed))
+            out.append(blended_split(name, blend, ranges, corpora, size, passes, seq, req.data.seed))
     if out[0] is None:
         p = blends[0].prefixes[0]
         first, end = bounds[p][0], bounds[p][1]
         tokens = int(corpora[p].sizes[first:end].sum(dtype=np.int64))
-        raise UsageError(f"{p}: the training split (documents [{first}, {end}) of --split {req.split}) "
+        raise UsageError(f"{p}: the training split (documents [{first}, {end}) of --split {req.data.split}) "
                          f"holds {tokens} tokens, fewer than one sample of --max-len {seq} + 1 needs; "
                          "add data, give train a larger --split share or lower --max-len")
     if out[1] is None:
-        log.notice(f"mmap: the valid split of --split {req.split} holds less than one sample; "
+        log.notice(f"mmap: the valid split of --split {req.data.split} holds less than one sample; "
                    "no validation loss will be logged")
     return DatasetSplit(train=out[0], val=out[1], test=out[2], accounts=tuple(accounts))

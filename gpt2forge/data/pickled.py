@@ -236,7 +236,7 @@ def choose_windows(req: DataRequest, lengths: np.ndarray) -> tuple[str, bool]:
     """
     short_tokens = int(lengths[lengths < min_window_tokens(req.max_len)].sum())
     short = short_tokens > SHORT_SHARE * int(lengths.sum())
-    return req.windows or ("packed" if short else "document"), short
+    return req.data.windows or ("packed" if short else "document"), short
 
 
 def load(req: DataRequest) -> DatasetSplit:
@@ -250,9 +250,9 @@ def load(req: DataRequest) -> DatasetSplit:
         UsageError: bad ``--input-files``/``--stride``/``--val-num``, a bad file (see ``read_documents``),
             or too little text for a window.
     """
-    path = _check_files(req.input_files)
-    if req.stride < 1:
-        raise UsageError(f"--stride {req.stride} must be >= 1 (tokens between window starts)")
+    path = _check_files(tuple(req.data.input_files or ()))
+    if req.data.stride < 1:
+        raise UsageError(f"--stride {req.data.stride} must be >= 1 (tokens between window starts)")
     docs = read_documents(path, req.vocab_size)
     lengths = np.array([d.size for d in docs], dtype=np.int64)
     if not lengths.sum():
@@ -262,33 +262,33 @@ def load(req: DataRequest) -> DatasetSplit:
     tokens = torch.from_numpy(np.concatenate(docs, dtype=store, casting="unsafe"))
     del docs
 
-    windows, _ = document_windows(lengths, req.max_len, req.stride)
+    windows, _ = document_windows(lengths, req.max_len, req.data.stride)
     mode, short = choose_windows(req, lengths)
     min_len = min_window_tokens(req.max_len)
     if mode == "document" and not len(windows):
         raise UsageError(f"{path}: no document has the {min_len} tokens a --windows document window needs at "
                          f"--max-len {req.max_len}; use --windows packed (windows across documents) or lower "
                          "--max-len")
-    perm = torch.randperm(len(windows), generator=torch.Generator().manual_seed(req.seed))
+    perm = torch.randperm(len(windows), generator=torch.Generator().manual_seed(req.data.seed))
     shuffled = torch.from_numpy(windows)[perm]  # (N, 2)
-    if short and req.val_num:
+    if short and req.data.val_num:
         val_rows = packed_held_out(req, path, int(lengths.sum()))
         train_rows = shuffled[~overlaps(shuffled, val_rows)]
     else:
-        if req.val_num and req.val_num >= len(windows):
+        if req.data.val_num and req.data.val_num >= len(windows):
             raise UsageError(
-                f"--val-num {req.val_num} leaves no training windows ({path} makes {len(windows)} at --max-len "
-                f"{req.max_len} --stride {req.stride}); choose --val-num below {len(windows)}")
-        val_rows, train_rows = shuffled[: req.val_num], shuffled[req.val_num :]
+                f"--val-num {req.data.val_num} leaves no training windows ({path} makes {len(windows)} at --max-len "
+                f"{req.max_len} --stride {req.data.stride}); choose --val-num below {len(windows)}")
+        val_rows, train_rows = shuffled[: req.data.val_num], shuffled[req.data.val_num :]
     L, source = req.max_len + 1, f"pickle {path}"
-    val = WindowDataset(tokens, val_rows, L) if req.val_num else None
+    val = WindowDataset(tokens, val_rows, L) if req.data.val_num else None
     if mode == "document":
         train = WindowDataset(tokens, train_rows, L)
         account = document_account(source, req, lengths, min_len, windows, train_rows.numpy())
     else:
         train = _stream_windows(req, mode, tokens, val_rows)
         account = stream_account(source, req, mode, lengths, val_rows.numpy())
-    if short and req.windows is None:
+    if short and req.data.windows is None:
         lost = int(lengths[lengths < min_len].sum())
         account = replace(account, note=f"--windows packed, the default here: --windows document would drop "
                                         f"{lost:,} of the {int(lengths.sum()):,} tokens")
@@ -301,10 +301,10 @@ def packed_held_out(req: DataRequest, path: str, total: int) -> torch.Tensor:
     drawn by ``--seed`` among the multiples of ``L`` of the documents end to end (so they never overlap)."""
     L = req.max_len + 1
     slots = total // L
-    if req.val_num >= slots:
-        raise UsageError(f"--val-num {req.val_num} leaves no training windows ({path}: {total:,} tokens make "
+    if req.data.val_num >= slots:
+        raise UsageError(f"--val-num {req.data.val_num} leaves no training windows ({path}: {total:,} tokens make "
                          f"{slots} held-out windows of --max-len {req.max_len} + 1); choose --val-num below {slots}")
-    chosen = torch.randperm(slots, generator=torch.Generator().manual_seed(req.seed))[: req.val_num]
+    chosen = torch.randperm(slots, generator=torch.Generator().manual_seed(req.data.seed))[: req.data.val_num]
     return torch.stack([chosen * L, torch.full_like(chosen, L)], dim=1)  # (val_num, 2)
 
 
@@ -325,9 +325,9 @@ def _stream_windows(req: DataRequest, mode: str, tokens: torch.Tensor, held_out:
     stream = tokens[keep]
     L = req.max_len + 1
     if stream.numel() < L:
-        held = f" left outside the --val-num {req.val_num} held-out windows" if req.val_num else ""
-        raise UsageError(f"{req.input_files[0]}: {stream.numel()} tokens{held}, fewer than one window of --max-len "
-                         f"{req.max_len} + 1; {'lower --val-num or --max-len' if held else 'lower --max-len'}")
+        held = f" left outside the --val-num {req.data.val_num} held-out windows" if req.data.val_num else ""
+        raise UsageError(f"{req.data.input_files[0]}: {stream.numel()} tokens{held}, fewer than one window of "
+                         f"--max-len {req.max_len} + 1; lower {'--val-num or ' if held else ''}--max-len")
     if mode == "random":
-        return RandomStreamWindows(stream, L, req.stride, seed=req.seed)
-    return StreamWindows(stream, L, req.stride)
+        return RandomStreamWindows(stream, L, req.data.stride, seed=req.data.seed)
+    return StreamWindows(stream, L, req.data.stride)

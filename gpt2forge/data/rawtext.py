@@ -221,13 +221,13 @@ def default_workers() -> int:
 def write_build(prefix: Path, files: list[Path], dataset: str, req: DataRequest, workers: int | None = None
                 ) -> dict:
     """Tokenize ``files`` into ``prefix.bin/.idx`` (published only when complete); returns its figures."""
-    completion = req.loss_on == "completion"
+    completion = req.data.loss_on == "completion"
     pieces = ([p for f in files for p in jsonl_pieces(f)] if dataset == "jsonl"
               else [Piece(str(f), 0, -1, 1) for f in files])
     for f in files:
         if f.stat().st_size == 0:
             raise _empty_file(f, dataset)
-    tok = load_tokenizer(req.tokenizer)
+    tok = load_tokenizer(req.data.tokenizer_name_or_path)
     if tok.eot_id is None:
         raise UsageError(f"tokenizer {tok.name} has no end-of-document token; --dataset {dataset} needs one "
                          "(data/train_tokenizer.py adds <|endoftext|>)")
@@ -235,12 +235,12 @@ def write_build(prefix: Path, files: list[Path], dataset: str, req: DataRequest,
     nbytes = sum(f.stat().st_size for f in files)
     if workers is None:
         workers = 0 if nbytes < PARALLEL_BYTES else min(default_workers(), len(pieces))
-    job = {"dataset": dataset, "json_key": req.json_key, "completion": completion, "dtype": dtype.str}
+    job = {"dataset": dataset, "json_key": req.data.json_key, "completion": completion, "dtype": dtype.str}
     log.info(f"{dataset}: tokenizing {len(files)} file(s), {nbytes / 1e6:.1f} MB, on {workers} process(es) "
              f"into {prefix} (tokenizer {tok.name})")
     t0, max_id = time.perf_counter(), -1
     with IndexedWriter(prefix, dtype) as writer:
-        for tokens, sizes in tokenize_pieces(pieces, req.tokenizer, job, workers):
+        for tokens, sizes in tokenize_pieces(pieces, req.data.tokenizer_name_or_path, job, workers):
             writer.add_documents_flat(tokens, sizes)
             max_id = max(max_id, int(tokens.max()) if tokens.size else -1)
     secs = time.perf_counter() - t0
@@ -257,11 +257,11 @@ def cached_prefix(files: list[Path], dataset: str, req: DataRequest) -> Path:
     Raises:
         UsageError: bad input (module doc), or token ids beyond the model's vocabulary.
     """
-    settings = {"reader": dataset, "records": "prompt/completion" if req.loss_on == "completion" else "documents",
-                "json_key": req.json_key if dataset == "jsonl" and req.loss_on != "completion" else None,
+    settings = {"reader": dataset, "records": "prompt/completion" if req.data.loss_on == "completion" else "documents",
+                "json_key": req.data.json_key if dataset == "jsonl" and req.data.loss_on != "completion" else None,
                 "append_eod": True}
     try:
-        prefix, manifest = ensure_build(files, settings, req.tokenizer, req.cache_dir,
+        prefix, manifest = ensure_build(files, settings, req.data.tokenizer_name_or_path, req.data.data_cache_dir,
                                         lambda p: write_build(p, files, dataset, req), dataset)
     except OSError as exc:  # unreadable input, unwritable cache, full disk: one line, not a traceback
         raise UsageError(f"{exc.filename or files[0]}: {exc.strerror or exc} while reading the inputs or writing "
@@ -289,12 +289,12 @@ def weighted_groups(entries: tuple[str, ...]) -> list[tuple[str | None, str]]:
 
 def load(req: DataRequest) -> DatasetSplit:
     """Reader for ``jsonl`` and ``text`` (module doc): tokenize or reuse the cache, then read it as mmap."""
-    dataset = req.dataset
+    dataset = req.data.dataset
     if dataset not in KINDS:
         raise UsageError(f"--dataset {dataset}: the raw-text reader reads {' or '.join(KINDS)}")
-    if not req.input_files:
+    if not req.data.input_files:
         raise UsageError(f"--dataset {dataset} needs --input-files: files or quoted globs, e.g. 'docs/*.{dataset}'")
-    groups = weighted_groups(req.input_files)
+    groups = weighted_groups(req.data.input_files)
     labels: dict[str, str] = {}  # cache prefix -> the files it holds, for the start-up lines
 
     def prefix_of(patterns: tuple[str, ...], flag: str = "--input-files") -> str:
@@ -302,19 +302,20 @@ def load(req: DataRequest) -> DatasetSplit:
         labels[prefix] = f"{dataset} {' '.join(patterns)}"
         return prefix
 
-    held_out = {name: (prefix_of(getattr(req, name), flag),)
-                for name, flag in (("valid_paths", "--valid-data-path"), ("test_paths", "--test-data-path"))
-                if getattr(req, name)}  # read whole; the training files are still split by --split
-    if req.loss_on == "completion":
+    held_out = {name: [prefix_of(tuple(getattr(req.data, name)), flag)]
+                for name, flag in (("valid_data_path", "--valid-data-path"), ("test_data_path", "--test-data-path"))
+                if getattr(req.data, name)}  # read whole; the training files are still split by --split
+    if req.data.loss_on == "completion":
         if held_out:
             raise UsageError("--loss-on completion holds out its own validation records; drop "
                              "--valid-data-path/--test-data-path")
         if dataset != "jsonl" or groups[0][0] is not None:
             raise UsageError("--loss-on completion reads prompt/completion records from --dataset jsonl files "
                              "(one set, without blend weights)")
-        return completion.load(req, cached_prefix(resolve_inputs(req.input_files, dataset), dataset, req))
+        return completion.load(req, cached_prefix(resolve_inputs(req.data.input_files, dataset), dataset, req))
     if groups[0][0] is None:
-        prefixes = (prefix_of(req.input_files),)
+        prefixes = (prefix_of(tuple(req.data.input_files)),)
     else:
         prefixes = tuple(itertools.chain.from_iterable((w, prefix_of((g,))) for w, g in groups))
-    return mmap.load(replace(req, dataset="mmap", input_files=prefixes, **held_out), labels)
+    as_mmap = replace(req.data, dataset="mmap", input_files=list(prefixes), **held_out)
+    return mmap.load(replace(req, data=as_mmap), labels)

@@ -317,19 +317,19 @@ def load(req: DataRequest) -> DatasetSplit:
         UsageError: no files, a missing/malformed/inconsistent index, a corrupt record (CRCs only with
             ``--verify``), token ids outside the vocabulary, a bad ``--split``, or no training record.
     """
-    files = expand_inputs(req.input_files)
+    files = expand_inputs(tuple(req.data.input_files or ()))
     source = RecordSource(tuple(files), tuple(read_index(f) for f in files), req.vocab_size)
     L = req.max_len + 1
-    lengths = _check_records(source, req.verify, L)
+    lengths = _check_records(source, req.data.verify, L)
     total = int(source.counts.sum())
-    bounds = split_boundaries(req.split, total)
-    log.info(f"tfrecord: {len(files)} files, {total} records; --split {req.split}: train "
+    bounds = split_boundaries(req.data.split, total)
+    log.info(f"tfrecord: {len(files)} files, {total} records; --split {req.data.split}: train "
              f"{bounds[1] - bounds[0]}, valid {bounds[2] - bounds[1]}, test {bounds[3] - bounds[2]}")
     if bounds[1] <= bounds[0]:
-        raise UsageError(f"--split {req.split} leaves no training record of {total}; give train a larger share")
-    splits = [TFRecordDataset(source, bounds[k], bounds[k + 1], L, req.seed, shuffle=k == 0)
+        raise UsageError(f"--split {req.data.split} leaves no training record of {total}; give train a larger share")
+    splits = [TFRecordDataset(source, bounds[k], bounds[k + 1], L, req.data.seed, shuffle=k == 0)
               if bounds[k + 1] > bounds[k] else None for k in range(3)]
-    label = f"tfrecord {' '.join(req.input_files)}"
+    label = f"tfrecord {' '.join(req.data.input_files)}"
     accounts = tuple(record_account(name, label, lengths[bounds[k]:bounds[k + 1]], L)
                      for k, name in enumerate(("train", "valid", "test")) if splits[k] is not None)
     return DatasetSplit(train=splits[0], val=splits[1], test=splits[2], accounts=accounts)

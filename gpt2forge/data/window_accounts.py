@@ -53,9 +53,9 @@ def document_account(source: str, req: DataRequest, lengths: np.ndarray, min_len
     drops = (
         Drop(f"shorter than {min_len} tokens (--windows packed keeps them)", int(lengths[short].sum()),
              int(short.sum()), whole=True),
-        Drop(f"between windows (--stride {req.stride} > --max-len {req.max_len} + 1)",
+        Drop(f"between windows (--stride {req.data.stride} > --max-len {req.max_len} + 1)",
              int((lengths - in_windows)[~short].sum())),
-        Drop(f"held out for validation (--val-num {req.val_num})", int((in_windows - in_train).sum()),
+        Drop(f"held out for validation (--val-num {req.data.val_num})", int((in_windows - in_train).sum()),
              int(((in_train == 0) & ~short).sum())),
     )
     return DataAccount("train", source, len(lengths), int(lengths.sum()), len(train_rows), "windows",
@@ -65,12 +65,12 @@ def document_account(source: str, req: DataRequest, lengths: np.ndarray, min_len
 def stream_account(source: str, req: DataRequest, mode: str, lengths: np.ndarray,
                    held_rows: np.ndarray) -> DataAccount:
     """``--windows packed`` / ``random``: windows of the documents end to end, the held-out tokens cut."""
-    L, stride = req.max_len + 1, req.stride
+    L, stride = req.max_len + 1, req.data.stride
     left = lengths - per_document(held_rows, lengths)  # each document's tokens in the stream
     offset = np.cumsum(left) - left  # where each document starts in the stream
     total = int(left.sum())
     n = (total - L) // stride + 1
-    held = Drop(f"held out for validation (--val-num {req.val_num})", int(lengths.sum()) - total,
+    held = Drop(f"held out for validation (--val-num {req.data.val_num})", int(lengths.sum()) - total,
                 int(((left == 0) & (lengths > 0)).sum()))
     if mode == "random":  # every start is drawn: every stream token can be in a window
         kept_tokens, kept, drops = total, left > 0, (held,)

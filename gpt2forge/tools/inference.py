@@ -23,6 +23,7 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.core.precision import PRECISION_DTYPES, configure_matmul, resolve_precision
 from gpt2forge.core.runtime import maybe_compile, resolve_device, synchronize
 from gpt2forge.data import DataRequest, collate, load_datasets
+from gpt2forge.data.args import DataArgs
 from gpt2forge.frontends.graphcore import parse_args
 from gpt2forge.model.build import build_model
 
@@ -53,8 +54,10 @@ def run_inference(argv: Sequence[str] | None = None) -> int:
         log.info("Model successfully compiled. Exiting now as '--compile-only' argument was passed.")
         return 0
 
-    data = load_datasets(DataRequest(cfg.data.dataset, tuple(cfg.data.input_files or ()), cfg.arch.max_len,
-                                     model.config.vocab_size, cfg.data.seed, cfg.data.stride, 0, cfg.samples_per_step))
+    # The reader sees only what inference reads: the files, their order and windows, nothing held out.
+    reads = DataArgs(dataset=cfg.data.dataset, input_files=cfg.data.input_files, seed=cfg.data.seed,
+                     stride=cfg.data.stride)
+    data = load_datasets(DataRequest(reads, cfg.arch.max_len, model.config.vocab_size, cfg.samples_per_step))
     loader = DataLoader(data.train, batch_size=cfg.parallel.batch_size, collate_fn=collate, drop_last=True)
     steps_per_epoch = len(loader) // micro
     if steps_per_epoch < 1:

@@ -13,8 +13,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.runtime import loader_workers
-from gpt2forge.data import DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
-from gpt2forge.data.args import data_request
+from gpt2forge.data import DataRequest, DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.state import Progress
 from gpt2forge.train.step import Run
@@ -26,8 +25,8 @@ def load_data(cfg: TrainConfig, vocab_size: int, samples_per_step: int) -> tuple
     log.banner("Loading data")
     t0 = time.perf_counter()
     fixed_steps = steps_from_length(cfg, samples_per_step)
-    data = load_datasets(data_request(cfg.data, cfg.arch.max_len, vocab_size, samples_per_step, cfg.optim.epochs,
-                                      fixed_steps))
+    data = load_datasets(DataRequest(cfg.data, cfg.arch.max_len, vocab_size, samples_per_step, cfg.optim.epochs,
+                                     fixed_steps))
     for account in data.accounts:
         log.info(account.line())
     steps_per_epoch = len(data.train) // samples_per_step

@@ -16,6 +16,7 @@ from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
 from gpt2forge.data import DataRequest, load_datasets
 from gpt2forge.data import blend as bl
+from gpt2forge.data.args import DataArgs
 from gpt2forge.data.indexed import IndexedWriter
 
 VOCAB = 96
@@ -31,8 +32,11 @@ def write_corpus(prefix: Path, n_docs: int, seed: int, dtype=np.uint16) -> str:
     return str(prefix)
 
 
-def request(files, **kw) -> DataRequest:
-    return DataRequest("mmap", tuple(files), kw.pop("max_len", 16), VOCAB, 1234, **kw)
+def request(files, max_len: int = 16, samples_per_step: int = 1, training_steps: int | None = None,
+            **data) -> DataRequest:
+    """An mmap request: `data` are DataArgs fields, the rest what the run decided."""
+    return DataRequest(DataArgs(dataset="mmap", input_files=list(files), **data), max_len, VOCAB, samples_per_step,
+                       training_steps=training_steps)
 
 
 @pytest.mark.parametrize("weights", [(0.7, 0.3), (0.5, 0.3, 0.2), (1, 1, 1), (0.01, 0.99), (5, 1, 1, 3)])
@@ -74,7 +78,7 @@ def test_bad_weights_name_the_flag(tmp_path, values, message):
     with pytest.raises(UsageError, match=f"--input-files/--data-path: .*{message}"):
         load_datasets(request(values))
     with pytest.raises(UsageError, match=f"--train-data-path: .*{message}"):
-        load_datasets(DataRequest("mmap", (), 16, VOCAB, 1, train_paths=tuple(values)))
+        load_datasets(DataRequest(DataArgs(dataset="mmap", train_data_path=list(values), seed=1), 16, VOCAB))
 
 
 def test_more_corpora_than_the_int16_index_holds_are_refused():
@@ -101,14 +105,14 @@ def test_prefixes_of_different_tokenizers_are_refused(tmp_path):
 
 def test_blend_is_cached_keyed_and_pickles(tmp_path, monkeypatch):
     a, b = write_corpus(tmp_path / "a", 60, 0), write_corpus(tmp_path / "b", 80, 1)
-    first = load_datasets(request(["0.7", a, "0.3", b], split="90,10,0", train_samples=100)).train
+    first = load_datasets(request(["0.7", a, "0.3", b], split="90,10,0", training_steps=100)).train
     files = {p.name for p in tmp_path.glob("a_*blend*.npy")}
     assert len(files) == 4 and not list(tmp_path.glob(".*tmp"))  # train + valid orders, two arrays each
     monkeypatch.setattr(bl, "blending_indices", lambda *a: pytest.fail("blend order rebuilt although cached"))
-    again = load_datasets(request(["0.7", a, "0.3", b], split="90,10,0", train_samples=100)).train
+    again = load_datasets(request(["0.7", a, "0.3", b], split="90,10,0", training_steps=100)).train
     monkeypatch.undo()
     assert all(torch.equal(first[i], again[i]) for i in range(first.size))
-    load_datasets(request(["0.6", a, "0.4", b], split="90,10,0", train_samples=100))
+    load_datasets(request(["0.6", a, "0.4", b], split="90,10,0", training_steps=100))
     assert len({p.name for p in tmp_path.glob("a_*blend*.npy")} - files) == 4  # new weights: new train and valid orders
     copy = pickle.loads(pickle.dumps(first))  # as a DataLoader worker receives it
     assert all(torch.equal(first[i], copy[i]) for i in range(first.size))
@@ -117,7 +121,7 @@ def test_blend_is_cached_keyed_and_pickles(tmp_path, monkeypatch):
 def test_resuming_mid_blend_continues_the_same_order(tmp_path):
     a, b, c = (write_corpus(tmp_path / n, 15 + 5 * i, i) for i, n in enumerate("abc"))
     blend, samples = ["0.5", a, "0.3", b, "0.2", c], 120
-    whole = load_datasets(request(blend, split="1,0,0", train_samples=samples, samples_per_step=4)).train
+    whole = load_datasets(request(blend, split="1,0,0", training_steps=samples // 4, samples_per_step=4)).train
     per_epoch = len(whole) // 4 * 4  # what the trainer reads per epoch: whole host steps
     epochs = -(-samples // per_epoch)
     assert epochs >= 2
@@ -125,7 +129,7 @@ def test_resuming_mid_blend_continues_the_same_order(tmp_path):
     expected = [whole[int(i)] for i in order]
     for p in tmp_path.glob("*.npy"):  # a fresh process on another node: nothing cached
         p.unlink()
-    resumed = load_datasets(request(blend, split="1,0,0", train_samples=samples, samples_per_step=4)).train
+    resumed = load_datasets(request(blend, split="1,0,0", training_steps=samples // 4, samples_per_step=4)).train
     for start in (37, per_epoch + 5):  # samples already consumed, in the first epoch and in the second
         epoch, offset = divmod(start, per_epoch)
         tail = torch.cat([resumed.epoch_indices(e, per_epoch) for e in range(epoch, epochs)])
@@ -136,13 +140,13 @@ def test_resuming_mid_blend_continues_the_same_order(tmp_path):
 
 def test_per_split_paths_and_test_split(tmp_path):
     a, b, c, d = (write_corpus(tmp_path / n, 40, i) for i, n in enumerate("abcd"))
-    data = load_datasets(DataRequest("mmap", (), 16, VOCAB, 1, train_samples=50, train_paths=("1", a, "3", b),
-                                     valid_paths=(c,), test_paths=(d,)))
+    both = DataArgs(dataset="mmap", train_data_path=["1", a, "3", b], valid_data_path=[c], test_data_path=[d], seed=1)
+    data = load_datasets(DataRequest(both, 16, VOCAB, training_steps=50))
     assert isinstance(data.train, bl.BlendedDataset) and data.train.size >= 50
     assert list(data.train.realized_shares(40).values()) == [0.25, 0.75]
     assert data.val.data.prefix == c and data.test.data.prefix == d
     with pytest.raises(UsageError, match="exclude each other"):
-        load_datasets(DataRequest("mmap", (a,), 16, VOCAB, 1, train_paths=(b,)))
+        load_datasets(DataRequest(DataArgs(dataset="mmap", input_files=[a], train_data_path=[b], seed=1), 16, VOCAB))
     split = load_datasets(request([a], split="80,10,10"))
     assert split.test is not None and split.test.data.prefix == a
 
@@ -151,12 +155,14 @@ def test_valid_and_test_paths_replace_their_share_of_the_split(tmp_path):
     """Seed 001's Megatron --valid-data/--test-data: the training data keeps its --split share, the
     given files are read whole as validation/test data."""
     a, c = write_corpus(tmp_path / "a", 40, 0), write_corpus(tmp_path / "c", 10, 1)
-    data = load_datasets(request([a], split="80,10,10", valid_paths=(c,)))
+    data = load_datasets(request([a], split="80,10,10", valid_data_path=[c]))
     assert data.train.data.prefix == a and data.train.doc_idx.max() < 32  # documents [0, 32) of a
     assert data.val.data.prefix == c and set(data.val.doc_idx.tolist()) == set(range(10))
     assert data.test.data.prefix == a and data.test.doc_idx.min() >= 36  # a's test share, [36, 40)
     with pytest.raises(UsageError, match="need --train-data-path or --input-files"):
-        load_datasets(DataRequest("mmap", (), 16, VOCAB, 1, valid_paths=(c,)))
+        held_out_only = DataArgs(dataset="mmap", input_files=[c], valid_data_path=[c], seed=1)
+        held_out_only.input_files = None  # past DataArgs' own check: the reader refuses it too
+        load_datasets(DataRequest(held_out_only, 16, VOCAB))
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from gpt2forge.data import (
     load_datasets,
     split_batch,
 )
+from gpt2forge.data.args import DataArgs
 from gpt2forge.data.generated import GeneratedDataset
 from gpt2forge.data.pickled import document_windows
 from gpt2forge.data.safe_pickle import safe_load
@@ -42,9 +43,10 @@ def _docs(lengths: list[int]) -> list[list[int]]:
 
 
 def _pickle_req(path, **kw) -> DataRequest:
-    args = dict(dataset="pickle", input_files=(path,), max_len=7, vocab_size=VOCAB, seed=0, stride=4)
+    """A pickle request for `path` at --max-len 7; `kw` are DataArgs fields."""
+    args = dict(dataset="pickle", input_files=[path], seed=0, stride=4)
     args.update(kw)
-    return DataRequest(**args)
+    return DataRequest(DataArgs(**args), max_len=7, vocab_size=VOCAB)
 
 
 # ---------------------------------------------------------------- windows
@@ -184,7 +186,7 @@ def test_windows_choice_is_checked():
 
 def test_input_files_must_be_one_pkl(tmp_path):
     path = _write(tmp_path, _docs([22]))
-    for files in ((), (path, path), (str(tmp_path / "docs.txt"),)):
+    for files in ([], [path, path], [str(tmp_path / "docs.txt")]):
         with pytest.raises(UsageError, match="--input-files"):
             load_datasets(_pickle_req(path, input_files=files))
 
@@ -193,7 +195,7 @@ def test_input_files_must_be_one_pkl(tmp_path):
 
 
 def test_generated_deterministic_in_range():
-    req = DataRequest("generated", (), max_len=63, vocab_size=5, seed=7, samples_per_step=3)
+    req = DataRequest(DataArgs(dataset="generated", seed=7), max_len=63, vocab_size=5, samples_per_step=3)
     train = load_datasets(req).train
     assert load_datasets(req).val is None
     assert len(train) == 12
@@ -304,5 +306,5 @@ def test_missing_empty_garbage_files(tmp_path):
 
 def test_unknown_dataset_lists_choices():
     with pytest.raises(UsageError, match="--dataset nope is unknown; choose one of generated, pickle"):
-        load_datasets(DataRequest("nope", (), max_len=8, vocab_size=VOCAB, seed=0))
+        load_datasets(DataRequest(DataArgs(dataset="nope", seed=0), max_len=8, vocab_size=VOCAB))
     assert set(DATASETS) == {"generated", "pickle", "mmap", "tfrecord", "jsonl", "text", "hf"}

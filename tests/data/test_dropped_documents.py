@@ -17,6 +17,7 @@ from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data import DataRequest, load_datasets
+from gpt2forge.data.args import DataArgs
 from gpt2forge.data.indexed import IndexedWriter
 from gpt2forge.data.pickled import StreamWindows, WindowDataset, choose_windows
 from gpt2forge.frontends.graphcore import parse_args
@@ -58,6 +59,11 @@ def held_ids(dataset) -> set[int]:
 
 # -- pickle ------------------------------------------------------------------------------------------
 
+
+def pickle_request(path: str, max_len: int = 7, vocab_size: int = VOCAB, seed: int = 0, **data) -> DataRequest:
+    """A pickle request for `path`; `data` are DataArgs fields."""
+    return DataRequest(DataArgs(dataset="pickle", input_files=[path], seed=seed, **data), max_len, vocab_size)
+
 LENGTHS = [22, 8, 5, 3, 2, 0, 12, 1, 30]  # --max-len 7: 3 documents under 3 tokens (3 tokens in all)
 
 
@@ -67,8 +73,7 @@ LENGTHS = [22, 8, 5, 3, 2, 0, 12, 1, 30]  # --max-len 7: 3 documents under 3 tok
 ])
 def test_pickle_account_counts_every_token_as_the_windows_hold_them(tmp_path, windows, stride, val_num):
     docs = distinct_docs(LENGTHS)
-    split = load_datasets(DataRequest("pickle", (write_pickle(tmp_path, docs),), 7, VOCAB, 0, stride=stride,
-                                      val_num=val_num, windows=windows))
+    split = load_datasets(pickle_request(write_pickle(tmp_path, docs), stride=stride, val_num=val_num, windows=windows))
     train = split.accounts[0]
     kept = held_ids(split.train)
     assert (train.tokens, train.documents, train.items) == (sum(LENGTHS), len(LENGTHS), len(split.train))
@@ -107,18 +112,18 @@ def test_short_documents_are_packed_by_default_and_the_line_says_so(tmp_path, ca
 
 
 def test_more_than_half_the_tokens_in_short_documents_is_a_corpus_of_short_documents():
-    req = DataRequest("pickle", ("x.pkl",), 7, VOCAB, 0)
+    req = pickle_request("x.pkl")
     assert choose_windows(req, np.array([2] * 10 + [20])) == ("document", False)  # exactly half
     assert choose_windows(req, np.array([2] * 11 + [20])) == ("packed", True)
-    assert choose_windows(DataRequest("pickle", ("x.pkl",), 7, VOCAB, 0, windows="random"),
+    assert choose_windows(pickle_request("x.pkl", windows="random"),
                           np.array([2] * 11 + [20])) == ("random", True)
 
 
 def test_document_windows_without_a_document_long_enough_name_packed(tmp_path):
     path = write_pickle(tmp_path, distinct_docs([2, 2, 1] * 5))
     with pytest.raises(UsageError, match="use --windows packed"):
-        load_datasets(DataRequest("pickle", (path,), 7, VOCAB, 0, windows="document"))
-    assert load_datasets(DataRequest("pickle", (path,), 7, VOCAB, 0)).accounts[0].kept_tokens == 8  # packed
+        load_datasets(pickle_request(path, windows="document"))
+    assert load_datasets(pickle_request(path)).accounts[0].kept_tokens == 8  # packed
 
 
 def test_held_out_windows_of_short_documents_work_with_packed_training(tmp_path):
@@ -126,7 +131,7 @@ def test_held_out_windows_of_short_documents_work_with_packed_training(tmp_path)
     # 300 documents under --max-len // 2 = 7 tokens, and 5 that make document windows
     docs = distinct_docs([*rng.integers(2, 7, 300).tolist(), *[20] * 5])
     path = write_pickle(tmp_path, docs)
-    splits = {w: load_datasets(DataRequest("pickle", (path,), 15, 4000, 1, stride=8, val_num=20, windows=w))
+    splits = {w: load_datasets(pickle_request(path, 15, 4000, seed=1, stride=8, val_num=20, windows=w))
               for w in (None, "packed", "random", "document")}
     val = [torch.stack([s.val[i] for i in range(len(s.val))]) for s in splits.values()]
     assert val[0].shape == (20, 16) and not (val[0] == IGNORE_INDEX).any()  # whole windows across documents
@@ -136,7 +141,7 @@ def test_held_out_windows_of_short_documents_work_with_packed_training(tmp_path)
         assert len(split.train) > 0 and not held & held_ids(split.train), windows  # no held-out token trained on
         assert split.accounts[1].line().startswith(f"valid data: pickle {path}: ")
     with pytest.raises(UsageError, match="--val-num 300 leaves no training windows"):
-        load_datasets(DataRequest("pickle", (path,), 15, 4000, 1, val_num=300))
+        load_datasets(pickle_request(path, 15, 4000, seed=1, val_num=300))
 
 
 def test_training_on_short_documents_validates_and_prints_the_account(make_tiny_config, tmp_path, capsys):

@@ -23,7 +23,7 @@ transformers = pytest.importorskip("transformers", reason="the oracle is transfo
 from gpt2forge.core.errors import UsageError  # noqa: E402
 from gpt2forge.core.labels import IGNORE_INDEX  # noqa: E402
 from gpt2forge.data import DataRequest, collate, load_datasets, split_batch  # noqa: E402
-from gpt2forge.data.args import data_request  # noqa: E402
+from gpt2forge.data.args import DataArgs  # noqa: E402
 from gpt2forge.frontends.graphcore import parse_args  # noqa: E402
 from gpt2forge.text.vocab import asset_dir  # noqa: E402
 
@@ -70,8 +70,9 @@ def run_clm_blocks(raw, tokenizer, column: str = "text", num_proc: int | None = 
 
 
 def request(inputs, **fields) -> DataRequest:
-    paths = (str(inputs),) if isinstance(inputs, (str, Path)) else tuple(map(str, inputs))
-    return DataRequest("hf", paths, max_len=BLOCK, vocab_size=VOCAB, seed=0, **fields)
+    """An hf request at --max-len BLOCK; `fields` are DataArgs fields."""
+    paths = [str(inputs)] if isinstance(inputs, (str, Path)) else list(map(str, inputs))
+    return DataRequest(DataArgs(dataset="hf", input_files=paths, seed=0, **fields), max_len=BLOCK, vocab_size=VOCAB)
 
 
 def blocks_of(dataset) -> list[list[int]]:
@@ -131,7 +132,7 @@ def test_csv_with_validation_files(tmp_path, hf_tokenizer):
         return path
 
     train, valid = write(tmp_path / "train.csv", lines(1100, 2)), write(tmp_path / "valid.csv", lines(300, 3))
-    split = load_datasets(request(train, valid_paths=(str(valid),)))
+    split = load_datasets(request(train, valid_data_path=[str(valid)]))
     raw = datasets.load_dataset("csv", data_files={"train": [str(train)], "validation": [str(valid)]})
     assert blocks_of(split.train) == run_clm_blocks(raw["train"], hf_tokenizer, column="content")
     assert blocks_of(split.val) == run_clm_blocks(raw["validation"], hf_tokenizer, column="content")
@@ -222,13 +223,13 @@ def test_flags_reach_the_request():
     cfg = parse_args(["--dataset", "hf", "--input-files", "a.txt", "--valid-data-path", "b.txt", "--max-len", "64",
                       "--dataset-config-name", "wikitext-2-raw-v1", "--validation-split-percentage", "10",
                       "--keep-linebreaks", "False", "--preprocessing-workers", "2", "--overwrite-cache"])
-    req = data_request(cfg.data, cfg.arch.max_len, VOCAB, samples_per_step=1, epochs=1, steps=None)
-    assert (req.dataset, req.input_files, req.valid_paths) == ("hf", ("a.txt",), ("b.txt",))
-    assert (req.dataset_config, req.validation_split_percentage) == ("wikitext-2-raw-v1", 10)
+    req = DataRequest(cfg.data, cfg.arch.max_len, VOCAB).data
+    assert (req.dataset, req.input_files, req.valid_data_path) == ("hf", ["a.txt"], ["b.txt"])
+    assert (req.dataset_config_name, req.validation_split_percentage) == ("wikitext-2-raw-v1", 10)
     assert req.keep_linebreaks is False
     assert (req.preprocessing_workers, req.overwrite_cache) == (2, True)
-    defaults = data_request(parse_args(["--dataset", "hf", "--input-files", "a.txt"]).data, 64, VOCAB, 1, 1, None)
-    assert (defaults.dataset_config, defaults.validation_split_percentage, defaults.keep_linebreaks,
+    defaults = DataRequest(parse_args(["--dataset", "hf", "--input-files", "a.txt"]).data, 64, VOCAB).data
+    assert (defaults.dataset_config_name, defaults.validation_split_percentage, defaults.keep_linebreaks,
             defaults.preprocessing_workers, defaults.overwrite_cache) == (None, 5, True, None, False)
     for argv, needle in [(["--dataset", "hf"], "--dataset hf needs --input-files"),
                          (["--dataset", "hf", "--input-files", "a", "--validation-split-percentage", "100"],
@@ -244,7 +245,7 @@ def test_flags_reach_the_request():
 
 
 def test_missing_dataset_name_is_one_line_saying_how_to_provide_it():
-    message = one_line_error(request("someone/not-here", dataset_config="small"), "someone/not-here",
+    message = one_line_error(request("someone/not-here", dataset_config_name="small"), "someone/not-here",
                              "not in the local datasets cache", "save_to_disk", "'someone/not-here', 'small'")
     assert "Traceback" not in message
 
@@ -262,6 +263,6 @@ def test_bad_inputs_are_one_line(tmp_path):
     one_line_error(request(tmp_path / "missing.txt"), "missing.txt", "no such file")
     one_line_error(request([text, table]), "mixed kinds", "all .txt")
     one_line_error(request(notes), str(notes), "not '.md'")
-    one_line_error(request(text, valid_paths=(str(table),)), "mixed kinds")
-    one_line_error(request(corrupt, valid_paths=(str(text),)), "--valid-data-path goes with --input-files files")
+    one_line_error(request(text, valid_data_path=[str(table)]), "mixed kinds")
+    one_line_error(request(corrupt, valid_data_path=[str(text)]), "--valid-data-path goes with --input-files files")
     one_line_error(request(text, validation_split_percentage=0), "no block of --max-len 16", "smaller --max-len")

@@ -25,6 +25,7 @@ import torch
 
 from gpt2forge.data import DataRequest, load_datasets
 from gpt2forge.data import mmap as mm
+from gpt2forge.data.args import DataArgs
 from gpt2forge.data.blend import BlendedDataset
 from gpt2forge.data.indexed import IndexedWriter
 from gpt2forge.preprocess import megatron as preprocess
@@ -94,8 +95,10 @@ def assert_same_samples(ours, theirs, what: str) -> None:
         assert torch.equal(ours[i], sample_of(theirs[i])), f"{what}: sample {i}"
 
 
-def request(files, **kw) -> DataRequest:
-    return DataRequest("mmap", tuple(files), SEQ, VOCAB, SEED, **kw)
+def request(files, train_samples: int, **data) -> DataRequest:
+    """An mmap request for `train_samples` training samples (steps of one sample); `data` are DataArgs fields."""
+    return DataRequest(DataArgs(dataset="mmap", input_files=list(files), seed=SEED, **data), SEQ, VOCAB,
+                       training_steps=train_samples)
 
 
 @pytest.mark.parametrize("n_docs,split,epochs", [
@@ -135,8 +138,8 @@ def test_bare_prefixes_and_per_split_blends_equal_megatron_core(mcore, tmp_path)
     theirs = megatron_build(mcore, tmp_path, [120, None, None], split="80,20,0", blend=([a, b], None))
     assert_same_samples(ours.train, theirs[0], "bare train")
     assert_same_samples(ours.val, theirs[1], "bare valid (every sample once)")
-    ours = load_datasets(DataRequest("mmap", (), SEQ, VOCAB, SEED, train_samples=200,
-                                     train_paths=("0.6", a, "0.4", b), valid_paths=(c,)))
+    per_split = DataArgs(dataset="mmap", train_data_path=["0.6", a, "0.4", b], valid_data_path=[c], seed=SEED)
+    ours = load_datasets(DataRequest(per_split, SEQ, VOCAB, training_steps=200))
     theirs = megatron_build(mcore, tmp_path, [200, None, None],
                             blend_per_split=[([a, b], [0.6, 0.4]), ([c], None), None])
     assert_same_samples(ours.train, theirs[0], "per-split train")

@@ -17,6 +17,7 @@ from gpt2forge.cli import train_main
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data import DataRequest, collate, load_datasets, rawtext, split_batch
+from gpt2forge.data.args import DataArgs
 from gpt2forge.data.indexed import IndexedDataset
 from gpt2forge.data.text_cache import DEFAULT_DIR
 from gpt2forge.preprocess import megatron
@@ -33,8 +34,9 @@ def write_jsonl(path: Path, texts: list[str], key: str = "text") -> Path:
     return path
 
 
-def request(files, dataset: str = "jsonl", max_len: int = 8, **kw) -> DataRequest:
-    return DataRequest(dataset, tuple(map(str, files)), max_len, kw.pop("vocab_size", GPT2_VOCAB), 1234, **kw)
+def request(files, dataset: str = "jsonl", max_len: int = 8, vocab_size: int = GPT2_VOCAB, **data) -> DataRequest:
+    """A raw-text request; `data` are DataArgs fields."""
+    return DataRequest(DataArgs(dataset=dataset, input_files=list(map(str, files)), **data), max_len, vocab_size)
 
 
 def cache_of(files, dataset: str = "jsonl", **kw) -> Path:
@@ -89,11 +91,11 @@ def test_changed_input_or_tokenizer_rebuilds_and_unchanged_reuses(tmp_path, caps
     assert len(IndexedDataset(second)) == len(IndexedDataset(first)) + 1
 
     folder = load_tokenizer().save(tmp_path / "tok")  # same ids, other tokenizer files: a new build
-    third = cache_of([src], tokenizer=str(folder))
+    third = cache_of([src], tokenizer_name_or_path=str(folder))
     assert third not in (first, second) and "tokenizing" in capsys.readouterr().out
-    assert cache_of([src], tokenizer=str(folder)) == third and "reusing" in capsys.readouterr().out
+    assert cache_of([src], tokenizer_name_or_path=str(folder)) == third and "reusing" in capsys.readouterr().out
     (folder / "tokenizer_config.json").write_text("{}")  # the tokenizer's files changed, same path
-    assert cache_of([src], tokenizer=str(folder)) != third and "tokenizing" in capsys.readouterr().out
+    assert cache_of([src], tokenizer_name_or_path=str(folder)) != third and "tokenizing" in capsys.readouterr().out
     assert not list((tmp_path / DEFAULT_DIR).glob(".*.tmp"))  # no temporaries left behind
 
 
@@ -108,7 +110,7 @@ def _build_in_child(src: str, cache: str, queue, started, release) -> None:
     rawtext.write_build = slow_build
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        split = load_datasets(request([src], cache_dir=cache))
+        split = load_datasets(request([src], data_cache_dir=cache))
         total = int(sum(int(split.train[i].sum()) for i in range(len(split.train))))
     queue.put((out.getvalue(), total))
 
@@ -204,9 +206,11 @@ def test_inputs_that_name_nothing_and_out_of_vocabulary_ids(tmp_path):
     with pytest.raises(UsageError, match=r"token ids up to 50256 but the model's vocabulary has 96"):
         load_datasets(request([src], vocab_size=96))
     with pytest.raises(UsageError, match=r"--loss-on completion reads .* --dataset jsonl"):
-        load_datasets(request([src], "text", loss_on="completion"))
+        as_text = request([src], "text")
+        as_text.data.loss_on = "completion"  # past DataArgs' own check: the reader refuses it too
+        load_datasets(as_text)
     with pytest.raises(UsageError, match=r"cannot create the tokenized-data cache .*--data-cache-dir"):
-        load_datasets(request([src], cache_dir=str(src / "cache")))  # under a file: not a folder
+        load_datasets(request([src], data_cache_dir=str(src / "cache")))  # under a file: not a folder
 
 
 def test_weighted_input_files_give_one_cache_per_corpus(tmp_path, monkeypatch):
@@ -216,8 +220,8 @@ def test_weighted_input_files_give_one_cache_per_corpus(tmp_path, monkeypatch):
     monkeypatch.setattr(rawtext.mmap, "load", lambda req, labels: seen.append(req))
     rawtext.load(request(["0.7", a, "0.3", tmp_path / "b*.jsonl"]))
     (req,) = seen
-    weights, prefixes = req.input_files[::2], req.input_files[1::2]
-    assert req.dataset == "mmap" and weights == ("0.7", "0.3") and len(set(prefixes)) == 2
+    weights, prefixes = tuple(req.data.input_files[::2]), req.data.input_files[1::2]
+    assert req.data.dataset == "mmap" and weights == ("0.7", "0.3") and len(set(prefixes)) == 2
     assert [IndexedDataset(p).sizes.tolist() for p in prefixes] == \
         [IndexedDataset(cache_of([a])).sizes.tolist(), IndexedDataset(cache_of([b])).sizes.tolist()]
 

@@ -20,6 +20,7 @@ from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data import DataRequest, load_datasets
 from gpt2forge.data import mmap as mm
 from gpt2forge.data import tfrecord as tfr
+from gpt2forge.data.args import DataArgs
 from gpt2forge.data.indexed import IndexedDataset, IndexedWriter
 from gpt2forge.data.pickled import read_documents
 from gpt2forge.ops import build as ops_build
@@ -175,9 +176,12 @@ def write_mmap(prefix: Path, docs: list[list[int]]) -> str:
     return str(prefix)
 
 
-def request(dataset: str, files, max_len: int = 16, **kw) -> DataRequest:
-    files = (files,) if isinstance(files, str) else tuple(files)
-    return DataRequest(dataset, files, max_len, VOCAB, kw.pop("seed", 1234), **kw)
+def request(dataset: str, files, max_len: int = 16, samples_per_step: int = 1, epochs: int = 1,
+            training_steps: int | None = None, **data) -> DataRequest:
+    """A reader's request: `data` are DataArgs fields, the rest what the run decided."""
+    files = [files] if isinstance(files, str) else list(files)
+    return DataRequest(DataArgs(dataset=dataset, input_files=files, **data), max_len, VOCAB, samples_per_step,
+                       epochs, training_steps)
 
 
 def test_mmap_items_equal_direct_computation(tmp_path):
@@ -213,7 +217,7 @@ def test_mmap_training_steps_decide_samples(tmp_path):
     tokens = sum(len(d) for d in corpus())
     assert more.num_samples == 4 * steps and more.built == (3 * tokens - 1) // 16
     assert torch.equal(more.epoch_indices(2, 4 * steps_per_epoch)[-1], torch.tensor(12 * steps_per_epoch - 1))
-    same = load_datasets(request("mmap", prefix, split="1,0,0", samples_per_step=4, train_samples=4 * steps)).train
+    same = load_datasets(request("mmap", prefix, split="1,0,0", samples_per_step=1, training_steps=4 * steps)).train
     assert same.paths == more.paths
     assert load_datasets(request("mmap", prefix, split="1,0,0")).val is None
 

@@ -82,6 +82,7 @@ def make_megatron(folder: Path) -> list[Path]:
 
 
 def read_megatron(files: list[Path]) -> None:
+    from gpt2forge.data.args import DataArgs
     from gpt2forge.data.contract import DataRequest
     from gpt2forge.data.indexed import IndexedDataset
     from gpt2forge.data.mmap import load
@@ -90,7 +91,7 @@ def read_megatron(files: list[Path]) -> None:
     ds = IndexedDataset(prefix, vocab_size=VOCAB)
     for i in range(len(ds)):
         assert int(ds[i].max(initial=0)) < VOCAB
-    split = load(DataRequest("mmap", (prefix,), 8, VOCAB, 1, split="90,10,0"))
+    split = load(DataRequest(DataArgs(dataset="mmap", input_files=[prefix], seed=1, split="90,10,0"), 8, VOCAB))
     for item in (split.train[i] for i in range(min(len(split.train), 8))):
         assert item.shape == (9,) and int(item.max()) < VOCAB
 
@@ -111,11 +112,13 @@ def make_tfrecord(folder: Path) -> list[Path]:
 
 
 def read_tfrecord(files: list[Path]) -> None:
+    from gpt2forge.data.args import DataArgs
     from gpt2forge.data.contract import DataRequest
     from gpt2forge.data.tfrecord import load
 
     shard = next(str(f) for f in files if f.suffix == ".tfrecord")
-    split = load(DataRequest("tfrecord", (shard,), 8, VOCAB, 1, split="1,0,0", verify=True))
+    split = load(DataRequest(DataArgs(dataset="tfrecord", input_files=[shard], seed=1, split="1,0,0", verify=True),
+                             8, VOCAB))
     for item in split.train.epoch_stream(0, 2):
         assert item.shape == (9,)
 
@@ -129,10 +132,11 @@ def make_pickle(folder: Path) -> list[Path]:
 
 
 def read_pickle(files: list[Path]) -> None:
+    from gpt2forge.data.args import DataArgs
     from gpt2forge.data.contract import DataRequest
     from gpt2forge.data.pickled import load
 
-    split = load(DataRequest("pickle", (str(files[0]),), 8, VOCAB, 1, stride=8))
+    split = load(DataRequest(DataArgs(dataset="pickle", input_files=[str(files[0])], seed=1, stride=8), 8, VOCAB))
     for i in range(len(split.train)):
         assert split.train[i].shape == (9,)
 
