@@ -226,8 +226,8 @@ def project(runs: list[dict], target: int) -> dict:
 
 
 def print_run(r: dict) -> None:
-    print(f"{r['docs']:,} documents ({r['corpus_gb']} GB): wall {r['wall_seconds']:.0f} s, CPU {r['cpu_seconds']:.0f} s, "
-          f"peak {r['peak_memory_mb']} MB, disk {r['disk_gb']} GB; 1-minute load {r['load_before']:.2f} before, "
+    print(f"{r['docs']:,} documents ({r['corpus_gb']} GB): wall {r['wall_seconds']:.0f} s, "
+          f"CPU {r['cpu_seconds']:.0f} s, peak {r['peak_memory_mb']} MB, disk {r['disk_gb']} GB; 1-minute load {r['load_before']:.2f} before, "
           f"{r['load_after']:.2f} after")
     print(f"  {'stage':<14}{'docs in':>10}{'out':>10}{'wall s':>9}{'CPU s':>9}{'docs/CPU s':>12}{'peak MB':>9}")
     for name, s in r["stages"].items():

@@ -26,7 +26,7 @@ import dataclasses
 import io
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -189,11 +189,14 @@ def exact_duplicates(fp: Fingerprints) -> np.ndarray:
     return dup
 
 
-def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1) -> np.ndarray:
+def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1,
+                    keep: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """(M, 2) int64 (main, other) document indices sharing an LSH band key, main < other, unique, sorted.
 
     In each bucket (members in input order) the first `heuristic_iter` members are each paired with
     every later member (the seed's --heuristic-iter: 1 compares all to one main; -1 all pairs).
+    `keep` filters each band's pairs as they are made, so memory holds one band's candidates and the
+    kept ones, not every band's.
     """
     hasher, n, found = MinHasher(fp.params), len(fp), []
     for b in range(fp.params.bands):  # one band at a time: 8 bytes per document, not 8 per signature row
@@ -205,15 +208,20 @@ def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1) -> np.ndarray:
         run_start = np.maximum.accumulate(np.where(start, np.arange(n), 0))
         if heuristic_iter == 1:  # the common case, vectorized: pair each member with its bucket's first
             inner = ~start
-            found.append(np.stack([order[run_start[inner]], order[inner]], axis=1))
-            continue
-        sizes = np.diff(np.flatnonzero(np.append(start, True)))
-        for s, size in zip(np.flatnonzero(start), sizes):
-            if size < 2:
-                continue
-            members = order[s:s + size]
-            mains = size if heuristic_iter < 0 else min(heuristic_iter, size)
-            found.extend(np.stack([np.full(size - m - 1, members[m]), members[m + 1:]], axis=1) for m in range(mains))
+            band_pairs = [np.stack([order[run_start[inner]], order[inner]], axis=1)]
+        else:
+            band_pairs = []
+            sizes = np.diff(np.flatnonzero(np.append(start, True)))
+            for s, size in zip(np.flatnonzero(start), sizes):
+                if size < 2:
+                    continue
+                members = order[s:s + size]
+                mains = size if heuristic_iter < 0 else min(heuristic_iter, size)
+                band_pairs.extend(np.stack([np.full(size - m - 1, members[m]), members[m + 1:]], axis=1)
+                                  for m in range(mains))
+        if band_pairs:
+            pairs = np.concatenate(band_pairs).astype(np.int64)
+            found.append(keep(pairs) if keep is not None else pairs)
     if not found:
         return np.zeros((0, 2), dtype=np.int64)
     pairs = np.concatenate(found).astype(np.int64)
@@ -323,7 +331,7 @@ def likely_pairs(fp: Fingerprints, pairs: np.ndarray, mode: str, threshold: floa
 def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float = 0.5, heuristic_iter: int = 1,
                     workers: int = 1, progress: bool = True) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
     """(removed mask (N,) bool, verified pairs): every document but the first of its group is removed."""
-    candidates = likely_pairs(fp, candidate_pairs(fp, heuristic_iter), mode, threshold)
+    candidates = candidate_pairs(fp, heuristic_iter, lambda pairs: likely_pairs(fp, pairs, mode, threshold))
     pairs = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress)
     labels = group_duplicates(len(fp), pairs)
     return labels != np.arange(len(fp)), pairs

@@ -31,8 +31,8 @@ def write(path: Path, lines) -> Path:
 
 FTFY_CASES = ["plain ASCII line\nand another\n", "The cafÃ© was â€œgreatâ€\x9d.\nNext line, plain.\n",
               "AT&amp;T &lt;b&gt; in text\n", "<p>a tag first</p>\nthen &amp; stays\n", "&amp; before\n<b>tag</b>\n",
-              "CR\r\nLF and a lone\rCR", "bell\x07 tab\t form\x0c feed\x7f del\x1b[31m red", "\ufb01ne ｗｉｄｅ “q” — dash",
-              "no newline at the end", "", "\n\n\n", "Ã©\n", "ü" * 3 + "\n" + "x" * 50]
+              "CR\r\nLF and a lone\rCR", "bell\x07 tab\t form\x0c feed\x7f del\x1b[31m red",
+              "\ufb01ne ｗｉｄｅ “q” — dash", "no newline at the end", "", "\n\n\n", "Ã©\n", "ü" * 3 + "\n" + "x" * 50]
 
 
 def test_fix_text_equals_ftfy_on_every_kind_of_line():
