@@ -170,7 +170,8 @@ def sbatch(argv: list[str]) -> int:
         elif flag.startswith("--array=") and (found := _indices(flag[8:], r"(\d+)(?:-(\d+)(?::(\d+))?)?")):
             indices = found
         else:
-            print(f"sbatch stand-in: only --wait and --array=LIST (indices, ranges, steps), not {flag}", file=sys.stderr)
+            print(f"sbatch stand-in: only --wait and --array=LIST (indices, ranges, steps), not {flag}",
+                  file=sys.stderr)
             return 2
     if not wait or not argv:
         print("sbatch stand-in: `sbatch --wait [--array=LIST] SCRIPT ARGS...` (it runs the job to its end)",
