@@ -79,10 +79,7 @@ SHAPE_MAKERS = {"ModelConfig", "load_model_config", "megatron_model_config"}
 """What makes a model's shape: the config class (constructed, or one of its readers such as
 `ModelConfig.preset`), and the readers of a checkpoint's shape. Outside gpt2forge.model a run gets its
 shape from `model.build.resolve_model` (through `TrainConfig.model_source`)."""
-SHAPES_MADE_ELSEWHERE = {
-    "gpt2forge.frontends.run_clm": "ModelConfig.from_hf_dict",  # its --config_name positions (issue 55 item 2)
-    "gpt2forge.parallel.memory_plan": "ModelConfig.preset",  # the one-device table's sizes (issue 55 item 2)
-}
+SHAPES_MADE_ELSEWHERE: dict[str, str] = {}
 """Modules still making a shape outside gpt2forge.model, each with what it calls: owned by other work in
 flight, to move to `model.build` (an entry that no longer makes one must leave this list)."""
 

@@ -42,8 +42,8 @@ from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.flags import str_to_bool
 from gpt2forge.frontends.flag_table import KFAC_FLAGS, Flag, FrontEnd, group
-from gpt2forge.model.config import MODEL_TYPES, ModelConfig
-from gpt2forge.model.pretrained import hub_cache_folder
+from gpt2forge.model.config import MODEL_TYPES, hf_config_positions
+from gpt2forge.model.pretrained import local_or_hub_cached
 from gpt2forge.text.tokenizer import HF_FILE, is_gpt2_files
 from gpt2forge.text.vocab import MERGES_FILE, VOCAB_FILE
 from gpt2forge.train.config import TrainConfig
@@ -245,12 +245,9 @@ def _data(values: dict, own: RunClmOnly) -> None:
 
 def resolve_model_folder(value: str, flag_name: str) -> Path:
     """A local folder, or a hub id found in the local Hugging Face cache (never downloaded)."""
-    path = Path(value)
-    if path.is_dir():
-        return path
-    cached = hub_cache_folder(value)
-    if cached is not None:
-        return cached
+    folder = local_or_hub_cached(value)
+    if folder is not None and folder.is_dir():
+        return folder
     raise UsageError(f"{flag_name} {value}: no such folder, and not in the local Hugging Face cache (nothing is "
                      "downloaded at run time); on a machine with internet run `huggingface-cli download "
                      f"{value} --local-dir DIR` and pass DIR")
@@ -269,7 +266,7 @@ def _model_positions(path: Path, flag_name: str) -> int:
     if model_type not in MODEL_TYPES:
         raise UsageError(f"{flag_name} {path}: model_type {model_type!r}; this trainer trains GPT-2 (gpt2) and "
                          "GPT-Neo (gpt_neo), whose nn.Linear layers K-FAC preconditions")
-    return ModelConfig.from_hf_dict(config, source=f"{flag_name} {path}").n_positions
+    return hf_config_positions(config, source=f"{flag_name} {path}")
 
 
 def _model(values: dict, own: RunClmOnly) -> int:

@@ -212,3 +212,8 @@ class ModelConfig:
         if name not in MODEL_FILES:
             raise UsageError(f"--model {name} is unknown; choose one of {', '.join(MODEL_FILES)}")
         return cls.from_json(CONFIG_DIR / MODEL_FILES[name])
+
+
+def hf_config_positions(d: dict[str, Any], source: str = "config") -> int:
+    """The position-table length (n_positions) of an HF GPT-2 or GPT-Neo config dict (`ModelConfig.from_hf_dict`)."""
+    return ModelConfig.from_hf_dict(d, source=source).n_positions

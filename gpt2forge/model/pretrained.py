@@ -33,9 +33,7 @@ def resolve_model_dir(path: str | Path) -> Path:
     """The checkpoint directory for `path` (a checkpoint, a root with `latest`, an HF directory or
     a Megatron-LM checkpoint directory, returned as it is), or for a hub id (`gpt2`, `org/name`) whose
     snapshot is in the local Hugging Face cache."""
-    p = Path(path)
-    if not p.exists():
-        p = hub_cache_folder(str(path))
+    p = local_or_hub_cached(path)
     if p is None:
         raise UsageError(f"--model-name-or-path {path}: not found, and not in the local Hugging Face cache (nothing "
                          "is downloaded at run time); pass a checkpoint directory (step_N/, epoch_N/, a root with "
@@ -48,6 +46,13 @@ def resolve_model_dir(path: str | Path) -> Path:
         raise UsageError(f"--model-name-or-path {path}: no config.json (not a GPT-2 checkpoint); pass a "
                          "step_N/ or epoch_N/ directory, a root with `latest`, or a Hugging Face GPT-2 "
                          "directory") from None
+
+
+def local_or_hub_cached(path: str | Path) -> Path | None:
+    """`path` when it exists here, else the snapshot of hub model `path` in the local Hugging Face
+    cache (`hub_cache_folder`), else None; never downloads."""
+    p = Path(path)
+    return p if p.exists() else hub_cache_folder(str(path))
 
 
 def hub_cache_folder(repo_id: str) -> Path | None:

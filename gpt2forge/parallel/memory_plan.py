@@ -47,6 +47,8 @@ from gpt2forge.core import log
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import opt, positive
 from gpt2forge.core.memory import GiB, available_device_memory, available_host_memory, device_capacity
+from gpt2forge.model.args import ModelArgs
+from gpt2forge.model.build import resolve_model
 from gpt2forge.model.config import ModelConfig
 from gpt2forge.model.gpt2 import Block
 from gpt2forge.ops.lm_head_loss import LossChunking
@@ -403,7 +405,7 @@ def print_one_device_plan(cfg: ParallelArgs, memory: MemoryArgs, model_cfg: Mode
     """Which GPT-2 sizes (and the run's model) fit one device of --device-memory-gib (else this
     machine's) with no, optimizer or full offload, with and without recomputation, and the host
     memory each needs. A CPU run without --device-memory-gib plans for one memory: device + host."""
-    models = {name: dataclasses.replace(ModelConfig.preset(name), n_positions=seq_len) for name in PRESETS}
+    models = {name: resolve_model(ModelArgs(model=name, max_len=seq_len)).config for name in PRESETS}
     if model_name not in models:
         models[model_name] = model_cfg
     rows = one_device_rows(cfg, memory, models, seq_len, device, dtype)

@@ -297,10 +297,10 @@ class Pipeline:
         elif self.grid.last:
             dist.all_reduce(local_tensor(self.module.head.weight.grad), group=self.tie_group)
 
-    def report_peak_memory(self, peak_gib: float) -> None:
+    def report_peak_memory(self, peak_memory_gib: float) -> None:
         """Print every stage's measured peak memory (of a step) on rank 0; a collective of all ranks."""
         peaks: list = [None] * dist.get_world_size()
-        dist.all_gather_object(peaks, peak_gib)
+        dist.all_gather_object(peaks, peak_memory_gib)
         log.info("Stage peak memory: " + ", ".join(f"stage {s} {peaks[self.grid.rank_of(s)]:.2f} GiB"
                                                    for s in range(self.grid.stages)))
 

@@ -114,8 +114,8 @@ class PipelineStrategy(Strategy):
         self.model.train(mode)
         self.pipeline.module.train(mode)
 
-    def report_peak_memory(self, peak_gib: float) -> None:
-        self.pipeline.report_peak_memory(peak_gib)
+    def report_peak_memory(self, peak_memory_gib: float) -> None:
+        self.pipeline.report_peak_memory(peak_memory_gib)
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
         return self.pipeline.optimizer_state(optimizer)

@@ -209,7 +209,7 @@ class Strategy(abc.ABC):
         """Dropout on (`mode`) or off in every module this process runs."""
         self.model.train(mode)
 
-    def report_peak_memory(self, peak_gib: float) -> None:  # noqa: B027 (a hook, empty by default)
+    def report_peak_memory(self, peak_memory_gib: float) -> None:  # noqa: B027 (a hook, empty by default)
         """Print the first step's peak memory per process where it differs by process (a collective
         where it does); nothing otherwise."""
 

@@ -126,8 +126,8 @@ def _host_step(loop: Loop, updates: Iterator[list[torch.Tensor]], index_in_epoch
     loss_sum, correct, tokens = totals.tolist()  # syncs the device
     t_end = synchronize(run.device)
     step_s = t_end - t_start
-    samples_s, tokens_s, mfu = loop.meter.rates(step_s)
-    peak_gib = peak_memory_bytes(run.device) / 2**30
+    samples_s, tokens_s, _ = loop.meter.rates(step_s)  # raises the peak where the step beat it
+    peak_memory_gib = peak_memory_bytes(run.device) / 2**30
     reset_peak_memory(run.device)
     epoch = progress.epoch
     epoch_done = _advance(progress, loop.steps_per_epoch)
@@ -135,13 +135,14 @@ def _host_step(loop: Loop, updates: Iterator[list[torch.Tensor]], index_in_epoch
     return StepReport(
         step=progress.step, total_steps=loop.total_steps, index_in_epoch=index_in_epoch, epoch=epoch,
         loss=loss_sum / max(tokens, 1), acc=correct / max(tokens, 1), lr=run.optimizer.param_groups[0]["lr"],
-        samples_per_s=samples_s, tokens_per_s=tokens_s, mfu=mfu, mfu_fraction=loop.meter.mfu(tokens_s),
-        peak_memory_gib=peak_gib, data_wait_pct=100 * data_wait / step_s, grad_norm=run.grad_norm,
+        samples_per_s=samples_s, tokens_per_s=tokens_s, mfu=loop.meter.mfu(tokens_s),
+        mfu_uncertain=loop.meter.last_uncertain,
+        peak_memory_gib=peak_memory_gib, data_wait_pct=100 * data_wait / step_s, grad_norm=run.grad_norm,
         seconds_per_step=step_s, consumed_samples=consumed, consumed_tokens=progress.step * cfg.tokens_per_step,
         global_batch=cfg.samples_per_step, loss_scale=run.scaler.scale, skipped=run.skipped_updates,
         processes=run.dist_env.world_size, epoch_done=epoch_done, last=progress.step >= loop.total_steps,
         blend=blend_shares(loop.data.train, consumed), mfu_of_read=loop.meter.read_mfu(tokens_s),
-        peak_read=loop.meter.read_peak), t_end
+        peak_flops_read=loop.meter.read_peak), t_end
 
 
 def _advance(progress: Progress, steps_per_epoch: int) -> bool:

@@ -91,13 +91,14 @@ FLOPS_PER_TOKEN = 6 * 124e6  # the meter takes any figure: round numbers keep th
 
 
 def _report(meter, tokens_per_s: float) -> StepReport:
+    meter.rates(1024 * 16 / tokens_per_s)  # raises the peak where the step beat it
     return StepReport(step=3, total_steps=10, index_in_epoch=2, epoch=0, loss=3.5, acc=0.25, lr=6e-4,
-                      samples_per_s=tokens_per_s / 1024, tokens_per_s=tokens_per_s, mfu=meter.rates(1024 * 16 /
-                      tokens_per_s)[2], mfu_fraction=meter.mfu(tokens_per_s), peak_memory_gib=9.5, data_wait_pct=0.1,
+                      samples_per_s=tokens_per_s / 1024, tokens_per_s=tokens_per_s, mfu=meter.mfu(tokens_per_s),
+                      mfu_uncertain=meter.last_uncertain, peak_memory_gib=9.5, data_wait_pct=0.1,
                       grad_norm=1.0, seconds_per_step=1024 * 16 / tokens_per_s, consumed_samples=48,
                       consumed_tokens=48 * 1024, global_batch=16, loss_scale=1.0, skipped=0, processes=1,
                       epoch_done=False, last=False, mfu_of_read=meter.read_mfu(tokens_per_s),
-                      peak_read=meter.read_peak)
+                      peak_flops_read=meter.read_peak)
 
 
 def test_gpu_mfu_is_the_data_sheets_with_the_peak_read_here_beside_it(fake_cuda, monkeypatch):

@@ -35,11 +35,11 @@ class StepReport:
     lr: float
     samples_per_s: float
     tokens_per_s: float
-    mfu: str
-    """As the step line prints it: "12.3%", "~97.0%" (uncertain: a step beat the peak, see
-    `peak.StepMeter`) or "unknown"."""
-    mfu_fraction: float | None
-    """The same as a fraction, None when the device's peak is unknown."""
+    mfu: float | None
+    """Model FLOPs utilisation as a fraction (0.123 = 12.3%), None when the device's peak FLOP/s is
+    unknown; the step line prints it with `mfu_text`."""
+    mfu_uncertain: bool
+    """A step beat the peak FLOP/s (see `peak.StepMeter`): the step line marks the MFU `~`."""
     peak_memory_gib: float
     data_wait_pct: float
     grad_norm: float
@@ -62,15 +62,15 @@ class StepReport:
     mfu_of_read: float | None = None
     """On a GPU, MFU against the matmul peak read at start-up (`peak.in_run_peak`), beside `mfu`, which
     is against the data sheet; None on a CPU (its peak is a read already)."""
-    peak_read: float | None = None
-    """The job's peak read at start-up, FLOP/s (None with `mfu_of_read`)."""
+    peak_flops_read: float | None = None
+    """The job's peak FLOP/s read at start-up (None with `mfu_of_read`)."""
 
     def record(self) -> dict[str, float | int | None]:
         """The step's metrics record (the keys of the metrics file's "train" lines)."""
         record = {"step": self.step, "epoch": self.epoch, "tokens": self.consumed_tokens, "loss": self.loss,
                   "acc": self.acc, "lr": self.lr, "grad_norm": self.grad_norm, "loss_scale": self.loss_scale,
                   "samples_per_sec": self.samples_per_s, "tokens_per_sec": self.tokens_per_s,
-                  "tokens_per_sec_per_process": self.tokens_per_s / self.processes, "mfu": self.mfu_fraction,
+                  "tokens_per_sec_per_process": self.tokens_per_s / self.processes, "mfu": self.mfu,
                   "peak_memory_gib": self.peak_memory_gib, "data_wait_pct": self.data_wait_pct,
                   "step_seconds": self.seconds_per_step}
         if self.mfu_of_read is not None:
@@ -82,16 +82,24 @@ def step_line(fmt: str, r: StepReport) -> str:
     if fmt == "megatron":
         return megatron_step_line(r)
     return (f"step {r.index_in_epoch} of epoch {r.epoch}, loss: {r.loss:.4f}, acc: {r.acc:.4f}, lr: {r.lr:.6g}, "
-            f"throughput: {r.samples_per_s:.2f} samples/sec, tokens/s: {r.tokens_per_s:.1f}, MFU: {r.mfu}, "
+            f"throughput: {r.samples_per_s:.2f} samples/sec, tokens/s: {r.tokens_per_s:.1f}, "
+            f"MFU: {mfu_text(r.mfu, r.mfu_uncertain)}, "
             f"{_read_mfu(r)}peak memory: {r.peak_memory_gib:.2f} GiB, data wait: {r.data_wait_pct:.1f}%, "
             f"grad norm: {r.grad_norm:.4g}{r.blend}")
 
 
+def mfu_text(mfu: float | None, uncertain: bool) -> str:
+    """MFU as the step line prints it: "12.3%", "~97.0%" when `uncertain`, or "unknown" (None)."""
+    if mfu is None:
+        return "unknown"
+    return f"{'~' if uncertain else ''}{100.0 * mfu:.1f}%"
+
+
 def _read_mfu(r: StepReport) -> str:
     """`MFU of the peak read here: <x>% of <read> TFLOP/s, ` on a GPU (after the data sheet's MFU), else empty."""
-    if r.mfu_of_read is None or r.peak_read is None:
+    if r.mfu_of_read is None or r.peak_flops_read is None:
         return ""
-    return f"MFU of the peak read here: {100 * r.mfu_of_read:.1f}% of {r.peak_read / 1e12:.1f} TFLOP/s, "
+    return f"MFU of the peak read here: {100 * r.mfu_of_read:.1f}% of {r.peak_flops_read / 1e12:.1f} TFLOP/s, "
 
 
 def megatron_step_line(r: StepReport, now: datetime | None = None) -> str:

@@ -25,6 +25,7 @@ from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.device import synchronize
 from gpt2forge.core.precision import PRECISION_DTYPES, cpu_half_matmul_is_emulated, cpu_identity
+from gpt2forge.train.metrics.lines import mfu_text
 
 PEAK_READS = 4
 """Matmul reads of a CPU's peak at start-up when none is cached for this CPU (one read when one is:
@@ -238,6 +239,8 @@ class StepMeter:
         self.reread_peak = reread_peak
         self.rereads_left = REREADS if reread_peak is not None else 0
         self.peak_is_a_step_rate = False
+        self.last_uncertain = False
+        """Whether the MFU of the last step `rates` measured is uncertain (marked `~`)."""
 
     def rates(self, seconds: float) -> tuple[float, float, str]:
         """(samples/s, tokens/s, MFU text as the step line prints it: "12.3%", "~97.0%" when
@@ -248,11 +251,8 @@ class StepMeter:
         beaten = self.peak is not None and achieved > self.peak
         if beaten:
             self._raise_peak(achieved)
-        mfu = self.mfu(tokens)
-        if mfu is None:
-            return samples, tokens, "unknown"
-        mark = "~" if beaten or self.peak_is_a_step_rate else ""
-        return samples, tokens, f"{mark}{100.0 * mfu:.1f}%"
+        self.last_uncertain = beaten or self.peak_is_a_step_rate
+        return samples, tokens, mfu_text(self.mfu(tokens), self.last_uncertain)
 
     def mfu(self, tokens_per_sec: float) -> float | None:
         """MFU as a fraction (0.123 = 12.3%), None when the device peak is unknown."""
