@@ -227,8 +227,8 @@ def project(runs: list[dict], target: int) -> dict:
 
 def print_run(r: dict) -> None:
     print(f"{r['docs']:,} documents ({r['corpus_gb']} GB): wall {r['wall_seconds']:.0f} s, "
-          f"CPU {r['cpu_seconds']:.0f} s, peak {r['peak_memory_mb']} MB, disk {r['disk_gb']} GB; 1-minute load {r['load_before']:.2f} before, "
-          f"{r['load_after']:.2f} after")
+          f"CPU {r['cpu_seconds']:.0f} s, peak {r['peak_memory_mb']} MB, disk {r['disk_gb']} GB; "
+          f"1-minute load {r['load_before']:.2f} before, {r['load_after']:.2f} after")
     print(f"  {'stage':<14}{'docs in':>10}{'out':>10}{'wall s':>9}{'CPU s':>9}{'docs/CPU s':>12}{'peak MB':>9}")
     for name, s in r["stages"].items():
         print(f"  {name:<14}{s['docs_in']:>10,}{s['docs_out']:>10,}{s['wall_seconds']:>9.1f}{s['cpu_seconds']:>9.1f}"

@@ -168,7 +168,8 @@ def run_datasketch(path: str, out: str) -> dict:
 
 
 TOOLS = {"ours": (run_ours, None), "ours-20x5": (run_ours_prepare, None),
-         "ours-fingerprint": (run_fingerprint_only, None), "datatrove": (run_datatrove, "datatrove"), "datasketch": (run_datasketch, "datasketch")}
+         "ours-fingerprint": (run_fingerprint_only, None), "datatrove": (run_datatrove, "datatrove"),
+         "datasketch": (run_datasketch, "datasketch")}
 
 
 def peak_rss_mb() -> float:

@@ -7,8 +7,8 @@
 - `run_clm`: Hugging Face's run_clm / run_clm_no_trainer.py.
 
 The foreign front ends are tables of `flag_table.Flag` rows; the config files (ds.json, Colossal-AI's
-.py) are read by `config_file`, whose `Key` rows name their fields as flag rows do. The loop (gpt2forge.train) knows none of
-them: it takes a TrainConfig.
+.py) are read by `config_file`, whose `Key` rows name their fields as flag rows do. The loop
+(gpt2forge.train) knows none of them: it takes a TrainConfig.
 
 May import: every package below it and gpt2forge.train.config (TrainConfig), never the loop.
 """

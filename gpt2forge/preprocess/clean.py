@@ -48,9 +48,10 @@ NOT_PLAIN = re.compile(r"[^\t\n\x20-\x25\x27-\x7e]")
 
 def fix_text(text: str) -> str:
     """`ftfy.fix_text(text)`, equal to it character for character (tests/preprocess/test_clean.py checks
-    against ftfy), about 3x faster on web text: ftfy fixes each line apart, and most lines are plain
-    printable ASCII, which no fixer changes, so those skip its dozen passes. The loop is ftfy's own
-    (ftfy.fix_text, 6.x), including its switch that stops unescaping HTML after the first `<`."""
+    against ftfy), faster on web text (docs/benchmarks.md, Design measurements): ftfy fixes each line
+    apart, and most lines are plain printable ASCII, which no fixer changes, so those skip its dozen
+    passes. The loop is ftfy's own (ftfy.fix_text, 6.x), including its switch that stops unescaping
+    HTML after the first `<`."""
     if not NOT_PLAIN.search(text):
         return text
     config, out, pos = FTFY_CONFIG, [], 0

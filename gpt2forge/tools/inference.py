@@ -19,9 +19,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from gpt2forge.core import log
+from gpt2forge.core.compilation import maybe_compile
+from gpt2forge.core.device import resolve_device, synchronize
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.precision import PRECISION_DTYPES, configure_matmul, resolve_precision
-from gpt2forge.core.runtime import maybe_compile, resolve_device, synchronize
 from gpt2forge.data import DataRequest, collate, load_datasets
 from gpt2forge.data.args import DataArgs
 from gpt2forge.frontends.graphcore import parse_args

@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from gpt2forge.core import log
+from gpt2forge.core.device import loader_workers
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.runtime import loader_workers
 from gpt2forge.data import DataRequest, DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.state import Progress

@@ -6,8 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpt2forge.preprocess.decontaminate import (DecontaminateConfig, cut, decontaminate_file, eval_ngrams, plain_words,
-                                                words)
+from gpt2forge.preprocess.decontaminate import (
+    DecontaminateConfig,
+    cut,
+    decontaminate_file,
+    eval_ngrams,
+    plain_words,
+    words,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FILLER = " ".join(f"The farmer counted {i} sheep in the northern field before the rain arrived." for i in range(40))
