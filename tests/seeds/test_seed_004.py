@@ -141,6 +141,7 @@ WIKI_DOC = ('<doc id="{i}" url="https://en.wikipedia.org/wiki?curid={i}" title="
 """One article as WikiExtractor writes it into AA/wiki_00."""
 
 
+@pytest.mark.slow
 def test_data_paths_of_the_readme_train(tiny, tmp_path, monkeypatch, capsys):
     """Generate pretraining data (WikiExtractor's output -> .pkl), the TFRecord and the Megatron
     dataset sections, each then trained on with the README's flags."""
