@@ -40,9 +40,10 @@ from gpt2forge.preprocess.minhash import MinHasher, MinHashParams, exact_hash, j
 
 FORMAT = "gpt2forge-minhash-fingerprints"
 VERSION = 1
-MEMORY_HELP = ("Memory: ~0.45 GB per million documents at the defaults (a 100 x 4-byte signature, 8-byte hash, "
-               "file/line/length each), ~0.85 GB at peak (signatures joined once), plus the keys (~60 bytes + "
-               "their length each); never the texts: candidate texts are re-read in batches of at most 1 GB")
+MEMORY_HELP = ("Memory: the fingerprints, ~0.45 GB per million documents at the defaults (a 100 x 4-byte "
+               "signature, 8-byte hash, file/line/length each), twice that while they are joined, plus the keys "
+               "(~60 bytes + their length each), the LSH candidates and up to 1 GB of candidate texts at a "
+               "time, never the whole text (measured per stage: docs/corpus.md, 'At scale')")
 
 
 @dataclasses.dataclass
