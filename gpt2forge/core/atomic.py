@@ -6,9 +6,12 @@ place (a rename within one file system is atomic on POSIX).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from gpt2forge.core.errors import naming
 
@@ -22,16 +25,16 @@ def fsync_path(path: str | Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> None:
-    """Write `data` (bytes, or text as UTF-8) to `path`, creating its folder if needed."""
+@contextlib.contextmanager
+def atomic_file(path: str | Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A binary file whose contents appear at `path` only if the block completes (its folder is
+    created if needed); for outputs too large to hold as one bytes object."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, str):
-        data = data.encode()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with naming(path), os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)  # mkstemp creates 0600
@@ -39,6 +42,12 @@ def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: str | Path, data: bytes | str, mode: int = 0o644) -> None:
+    """Write `data` (bytes, or text as UTF-8) to `path`, creating its folder if needed."""
+    with atomic_file(path, mode) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 def replace_with_link(path: str | Path, target: str) -> None:

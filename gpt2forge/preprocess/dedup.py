@@ -3,14 +3,17 @@
 Two passes over the input, memory bounded by the signatures, never by the texts:
 
 1. `fingerprint_files` streams the loose-JSON files once; worker processes turn chunks of texts
-   into signatures (`num_perm` x uint32) and exact hashes, returned in input order. Per document
-   it keeps the signature, the exact hash, its key (`url`/`id`/`line:<n>`), its file, line and
-   length: ~430 bytes plus the key (~60 bytes + its length), ~0.45 GB per million documents at the
-   defaults; ~0.85 GB at the peak, when the chunks' signatures are joined (the LSH stage works one
-   band at a time, ~100 bytes per document).
-2. `candidate_pairs` buckets the signatures by LSH band (vectorized sorts), `verify_pairs` re-reads
-   only the candidate documents (in batches under `budget_chars` of text) and computes their exact
-   Jaccard similarity on worker processes; pairs above the threshold are grouped with union-find.
+   into signatures (`num_perm` x uint32) and exact hashes, returned in input order and appended in
+   place (never joined from a list of chunks, which would hold them twice). Per document it keeps
+   the signature, the exact hash, its key (`url`/`id`/`line:<n>`), its file, line and length:
+   ~430 bytes plus the key (~60 bytes + its length), ~0.45 GB per million documents at the
+   defaults. Saving streams them to the file (no second copy in memory).
+2. `candidate_pairs` buckets the signatures by LSH band (vectorized sorts, one band at a time: ~40
+   bytes per document), `verify_pairs` re-reads only the candidate documents, by seeking to their
+   lines (an index of 8 bytes per line), in batches under `budget_chars` of text, and computes their
+   exact Jaccard similarity on worker processes; pairs above the threshold are grouped with
+   union-find. A subset of the documents (`rows`: those exact dedup kept) is compared without
+   copying its fingerprints.
 
 Which document is kept: the first in input order (loaded fingerprints come before the inputs), so
 a new shard is deduplicated against earlier ones and never the other way round.
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import array
 import dataclasses
-import io
 import json
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -32,18 +34,20 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gpt2forge.core.atomic import write_atomic
+from gpt2forge.core.atomic import atomic_file
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.json_lines import json_object
 from gpt2forge.preprocess.engine import ordered_map
-from gpt2forge.preprocess.jsonl import atomic_jsonl, read_documents
+from gpt2forge.preprocess.jsonl import atomic_jsonl, line_starts, read_documents
 from gpt2forge.preprocess.minhash import MinHasher, MinHashParams, exact_hash, jaccard
 
 FORMAT = "gpt2forge-minhash-fingerprints"
 VERSION = 1
 MEMORY_HELP = ("Memory: the fingerprints, ~0.45 GB per million documents at the defaults (a 100 x 4-byte "
-               "signature, 8-byte hash, file/line/length each), twice that while they are joined, plus the keys "
-               "(~60 bytes + their length each), the LSH candidates and up to 1 GB of candidate texts at a "
-               "time, never the whole text (measured per stage: docs/corpus.md, 'At scale')")
+               "signature, 8-byte hash, file/line/length each), plus the keys (~60 bytes + their length each), "
+               "the LSH candidates, 8 bytes per line of each input while pairs are verified and up to 64 M "
+               "characters of candidate texts at a time, never the whole text (measured per stage: "
+               "docs/corpus.md, 'At scale')")
 
 
 @dataclasses.dataclass
@@ -118,7 +122,7 @@ def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParam
     """
     params = params or MinHashParams()
     keys: list[str] = []
-    sigs, exact = [], []
+    sigs, exact = _Rows((0, params.num_perm), np.uint32), _Rows((0,), np.uint64)
     source, line, chars = array.array("i"), array.array("q"), array.array("q")  # 4-8 bytes per document
     sources = [{"path": str(Path(p).resolve()), "text_key": text_key} for p, _ in inputs]
 
@@ -138,22 +142,37 @@ def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParam
             sigs.append(chunk_sigs)
             exact.append(chunk_exact)
             bar.update(len(chunk_exact))
-    empty = np.zeros((0, params.num_perm), dtype=np.uint32)
-    return Fingerprints(params, sources, keys, np.concatenate(sigs) if sigs else empty,
-                        np.concatenate(exact) if exact else np.zeros(0, np.uint64), np.frombuffer(source, np.int32),
+    return Fingerprints(params, sources, keys, sigs.array(), exact.array(), np.frombuffer(source, np.int32),
                         np.frombuffer(line, np.int64), np.frombuffer(chars, np.int64))
+
+
+class _Rows:
+    """An array grown by appending rows, in place: `ndarray.resize` reallocates (mremap for large
+    arrays), so the rows are never held twice, as joining a list of chunks would at the end."""
+
+    def __init__(self, shape: tuple[int, ...], dtype) -> None:
+        self._a, self._n = np.zeros((1024, *shape[1:]), dtype), 0
+
+    def append(self, rows: np.ndarray) -> None:
+        if self._n + len(rows) > len(self._a):
+            self._a.resize((max(2 * len(self._a), self._n + len(rows)), *self._a.shape[1:]), refcheck=False)
+        self._a[self._n:self._n + len(rows)] = rows
+        self._n += len(rows)
+
+    def array(self) -> np.ndarray:
+        self._a.resize((self._n, *self._a.shape[1:]), refcheck=False)
+        return self._a
 
 
 def save_fingerprints(fp: Fingerprints, path: str | Path) -> None:
     """Write `fp` to `path` as one `.npz` of plain arrays (no pickle), atomically."""
     encoded = [k.encode("utf-8", "surrogatepass") for k in fp.keys]
     meta = {"format": FORMAT, "version": VERSION, "params": dataclasses.asdict(fp.params), "sources": fp.sources}
-    buf = io.BytesIO()
-    np.savez(buf, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-             key_bytes=np.frombuffer(b"".join(encoded), dtype=np.uint8),
-             key_offsets=np.cumsum([0] + [len(k) for k in encoded], dtype=np.int64),
-             signatures=fp.signatures, exact=fp.exact, source=fp.source, line=fp.line, chars=fp.chars)
-    write_atomic(path, buf.getvalue())
+    with atomic_file(path) as f:  # streamed: the signatures are not copied into one bytes object first
+        np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                 key_bytes=np.frombuffer(b"".join(encoded), dtype=np.uint8),
+                 key_offsets=np.cumsum([0] + [len(k) for k in encoded], dtype=np.int64),
+                 signatures=fp.signatures, exact=fp.exact, source=fp.source, line=fp.line, chars=fp.chars)
 
 
 def load_fingerprints(path: str | Path) -> Fingerprints:
@@ -191,19 +210,23 @@ def exact_duplicates(fp: Fingerprints) -> np.ndarray:
 
 
 def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1,
-                    keep: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+                    keep: Callable[[np.ndarray], np.ndarray] | None = None, rows: np.ndarray | None = None) -> np.ndarray:
     """(M, 2) int64 (main, other) document indices sharing an LSH band key, main < other, unique, sorted.
 
     In each bucket (members in input order) the first `heuristic_iter` members are each paired with
     every later member (the seed's --heuristic-iter: 1 compares all to one main; -1 all pairs).
     `keep` filters each band's pairs as they are made, so memory holds one band's candidates and the
-    kept ones, not every band's.
+    kept ones, not every band's. `rows` (sorted indices): only these documents take part, without
+    copying their signatures.
     """
-    hasher, n, found = MinHasher(fp.params), len(fp), []
+    hasher, total, found = MinHasher(fp.params), len(fp), []
+    n = total if rows is None else len(rows)
     for b in range(fp.params.bands):  # one band at a time: 8 bytes per document, not 8 per signature row
-        band = hasher.band_keys(fp.signatures, b)
+        band = hasher.band_keys(fp.signatures, b, rows)
         order = np.argsort(band, kind="stable")  # equal keys keep input order
         sorted_keys = band[order]
+        if rows is not None:
+            order = rows[order]  # positions among `rows` to document indices
         start = np.ones(n, dtype=bool)
         start[1:] = sorted_keys[1:] != sorted_keys[:-1]
         run_start = np.maximum.accumulate(np.where(start, np.arange(n), 0))
@@ -225,28 +248,49 @@ def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1,
             found.append(keep(pairs) if keep is not None else pairs)
     if not found:
         return np.zeros((0, 2), dtype=np.int64)
-    pairs = np.concatenate(found).astype(np.int64)
-    codes = np.unique(pairs[:, 0] * n + pairs[:, 1])  # one code per pair: dedups across bands and sorts
-    return np.stack([codes // n, codes % n], axis=1)
+    pairs = np.concatenate(found)
+    codes = np.unique(pairs[:, 0] * total + pairs[:, 1])  # one code per pair: dedups across bands and sorts
+    return np.stack([codes // total, codes % total], axis=1)
+
+
+class TextReader:
+    """Re-reads documents' texts from their files by seeking to their lines: one index of line
+    offsets per file (8 bytes per line, made on first use), then one line read per document, so a
+    batch costs its own documents, not a pass over the file."""
+
+    def __init__(self, fp: Fingerprints) -> None:
+        self.fp, self._starts = fp, {}
+
+    def read(self, wanted: np.ndarray) -> dict[int, str]:
+        """{document index: text} for the `wanted` indices."""
+        fp, texts = self.fp, {}
+        for s in np.unique(fp.source[wanted]).tolist():
+            src = fp.sources[s]
+            rows = np.sort(wanted[fp.source[wanted] == s])  # rows of one file are in line order: reads go forward
+            if s not in self._starts:
+                if not Path(src["path"]).exists():
+                    raise UsageError(f"{src['path']}: missing, and its documents are candidate duplicates; put the "
+                                     "file back there or next to its fingerprint file")
+                self._starts[s] = line_starts(src["path"])
+            starts = self._starts[s]
+            changed = UsageError(f"{src['path']}: changed since it was fingerprinted; re-run find_duplicates.py "
+                                 "on it with --overwrite")
+            with open(src["path"], "rb") as f:
+                for i, line in zip(rows.tolist(), fp.line[rows].tolist()):
+                    if line > len(starts):
+                        raise changed
+                    f.seek(int(starts[line - 1]))
+                    problem, obj = json_object(f.readline())
+                    text = None if problem else obj.get(src["text_key"])
+                    if not isinstance(text, str) or len(text) != fp.chars[i]:
+                        raise changed
+                    texts[i] = text
+        return texts
 
 
 def read_texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
     """{document index: text} for the `wanted` indices, re-read from their files by line number."""
-    texts: dict[int, str] = {}
-    for s in np.unique(fp.source[wanted]):
-        src = fp.sources[s]
-        rows = wanted[fp.source[wanted] == s]
-        by_line = dict(zip(fp.line[rows].tolist(), rows.tolist()))
-        if not Path(src["path"]).exists():
-            raise UsageError(f"{src['path']}: missing, and its documents are candidate duplicates; put the file "
-                             "back there or next to its fingerprint file")
-        for doc in read_documents(src["path"], src["text_key"], skip_bad_lines=True):
-            if doc.line in by_line:
-                texts[by_line[doc.line]] = doc.text
-        if any(i not in texts for i in rows.tolist()):
-            raise UsageError(f"{src['path']}: changed since it was fingerprinted (lines missing); re-run "
-                             "find_duplicates.py on it with --overwrite")
-    return texts
+    return TextReader(fp).read(wanted)
 
 
 def _verify_group(task: tuple) -> list[tuple[int, float]]:
@@ -257,16 +301,19 @@ def _verify_group(task: tuple) -> list[tuple[int, float]]:
 
 
 def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", threshold: float = 0.5,
-                 workers: int = 1, budget_chars: int = 1 << 30, progress: bool = True) -> list[tuple[int, int, float]]:
+                 workers: int = 1, budget_chars: int = 1 << 26, progress: bool = True) -> list[tuple[int, int, float]]:
     """(main, other, exact Jaccard) for the candidate `pairs` whose similarity is above `threshold`.
 
-    Texts are re-read in batches of pairs whose documents total at most `budget_chars` characters.
+    Texts are re-read in batches of pairs whose documents total at most `budget_chars` characters
+    (a document in several batches is read once for each): memory holds one batch's texts, however
+    many candidates there are.
     """
     kept: list[tuple[int, int, float]] = []
+    reader = TextReader(fp)
     with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
         for lo, hi in _batches(fp, pairs, budget_chars):
             batch = pairs[lo:hi]
-            texts = read_texts(fp, np.unique(batch))
+            texts = reader.read(np.unique(batch))
             mains, starts = np.unique(batch[:, 0], return_index=True)
             bounds = np.append(starts, len(batch))
             tasks = ((texts[m], [(j, texts[j]) for j in batch[a:b, 1].tolist()], mode)
@@ -330,9 +377,11 @@ def likely_pairs(fp: Fingerprints, pairs: np.ndarray, mode: str, threshold: floa
 
 
 def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float = 0.5, heuristic_iter: int = 1,
-                    workers: int = 1, progress: bool = True) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
-    """(removed mask (N,) bool, verified pairs): every document but the first of its group is removed."""
-    candidates = candidate_pairs(fp, heuristic_iter, lambda pairs: likely_pairs(fp, pairs, mode, threshold))
+                    workers: int = 1, progress: bool = True,
+                    rows: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
+    """(removed mask (N,) bool, verified pairs): every document but the first of its group is removed.
+    `rows` (sorted indices): only these documents are compared (the others are never removed)."""
+    candidates = candidate_pairs(fp, heuristic_iter, lambda pairs: likely_pairs(fp, pairs, mode, threshold), rows)
     pairs = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress)
     labels = group_duplicates(len(fp), pairs)
     return labels != np.arange(len(fp)), pairs
@@ -343,14 +392,15 @@ def write_kept(fp: Fingerprints, removed: np.ndarray, output: str | Path) -> tup
 
     Returns (documents written, characters removed). Records are written back whole, in input order.
     """
-    row = {(int(s), int(n)): i for i, (s, n) in enumerate(zip(fp.source, fp.line))}
     written, removed_chars = 0, 0
     with atomic_jsonl(output) as out:
         for s, src in enumerate(fp.sources):
+            rows = np.flatnonzero(fp.source == s)  # in line order, as fingerprinted
+            lines, k = fp.line[rows], 0
             for doc in read_documents(src["path"], src["text_key"], skip_bad_lines=True):
-                i = row.get((s, doc.line))
-                if i is None:  # a line skipped as bad when fingerprinted
+                if k == len(rows) or lines[k] != doc.line:  # a line skipped as bad when fingerprinted
                     continue
+                i, k = int(rows[k]), k + 1
                 if removed[i]:
                     removed_chars += len(doc.text)
                 else:

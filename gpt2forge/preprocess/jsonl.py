@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from gpt2forge.core.atomic import fsync_path, write_atomic
 from gpt2forge.core.errors import UsageError, naming
 from gpt2forge.core.json_lines import json_object, string_field
@@ -123,6 +125,18 @@ def _line_number(path: Path, offset: int) -> int:
             newlines += block.count(b"\n")
             offset -= len(block)
     return newlines + 1
+
+
+def line_starts(path: str | Path, block: int = 1 << 24) -> np.ndarray:
+    """(lines,) int64: the byte offset where each line of `path` starts (line n at index n - 1), as
+    `read_documents` numbers them; a final newline starts no line."""
+    found, pos = [np.zeros(1, np.int64)], 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            found.append(np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10).astype(np.int64) + pos + 1)
+            pos += len(chunk)
+    starts = np.concatenate(found)
+    return starts[:-1] if len(starts) > 1 and starts[-1] == pos else starts
 
 
 class JsonlWriter:

@@ -157,9 +157,11 @@ class MinHasher:
                 sig[lo:lo + step] = (block.min(axis=1) >> np.uint64(32)).astype(np.uint32)
         return sig
 
-    def band_keys(self, signatures: np.ndarray, band: int) -> np.ndarray:
-        """(N,) uint64 keys of one band of (N, num_perm) signatures; equal keys = equal bands (up to 2^-64)."""
-        rows = signatures[:, band * self.params.rows:(band + 1) * self.params.rows].astype(np.uint64)
+    def band_keys(self, signatures: np.ndarray, band: int, subset: np.ndarray | None = None) -> np.ndarray:
+        """(N,) uint64 keys of one band of (N, num_perm) signatures (of the `subset` rows only, when
+        given); equal keys = equal bands (up to 2^-64)."""
+        rows = signatures[:, band * self.params.rows:(band + 1) * self.params.rows]
+        rows = (rows if subset is None else rows[subset]).astype(np.uint64)
         with np.errstate(over="ignore"):
             return _mix((rows * self._band_mult).sum(axis=1, dtype=np.uint64))
 

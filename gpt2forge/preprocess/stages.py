@@ -78,21 +78,14 @@ def exact_stage(fp: dedup.Fingerprints, fp_path: Path, output: Path) -> dict:
     return _kept_record(fp, np.zeros(len(fp), bool), dup, "exact_duplicate")
 
 
-def _subset(fp: dedup.Fingerprints, rows: np.ndarray) -> dedup.Fingerprints:
-    return dedup.Fingerprints(fp.params, fp.sources, [fp.keys[i] for i in rows.tolist()], fp.signatures[rows],
-                              fp.exact[rows], fp.source[rows], fp.line[rows], fp.chars[rows])
-
-
 def near_stage(fp_path: Path, output: Path, args: argparse.Namespace) -> dict:
     """Near duplicates among the documents exact dedup kept, by row (the fingerprints' own file)."""
     fp = dedup.load_fingerprints(fp_path)
     before = dedup.exact_duplicates(fp)
-    rows = np.flatnonzero(~before)
-    near_sub, pairs = dedup.near_duplicates(_subset(fp, rows), mode=args.jaccard, threshold=args.threshold,
-                                            heuristic_iter=args.heuristic_iter, workers=args.workers,
-                                            progress=True)
-    removed = before.copy()
-    removed[rows[near_sub]] = True
+    near, pairs = dedup.near_duplicates(fp, mode=args.jaccard, threshold=args.threshold,
+                                        heuristic_iter=args.heuristic_iter, workers=args.workers, progress=True,
+                                        rows=np.flatnonzero(~before))
+    removed = before | near
     dedup.write_kept(fp, removed, output)
     return _kept_record(fp, before, removed, "near_duplicate") | {"pairs": len(pairs)}
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.json_lines import json_object
 from gpt2forge.preprocess import dedup
 from gpt2forge.preprocess.dedup import (
     candidate_pairs,
@@ -198,10 +199,11 @@ def test_interrupted_write_leaves_no_output(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "clean.json", [{"text": "same text here", "url": "a"},
                                                  {"text": "same text here", "url": "b"}])
 
-    def interrupted(*args, **kwargs):
+    def interrupted(f, **arrays):
+        f.write(b"PK\x03\x04 half an archive")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(dedup, "write_atomic", interrupted)  # the fingerprint file dies mid-write
+    monkeypatch.setattr(dedup.np, "savez", interrupted)  # the fingerprint file dies mid-write
     args = find_duplicates_parser().parse_args(["--inputs", str(path), "url", "--save-fingerprints",
                                                 str(tmp_path / "fp.npz"), "--output", str(tmp_path / "pairs.json"),
                                                 "--workers", "0"])
@@ -256,3 +258,50 @@ def test_two_pass_recipe_matches_one_run(tmp_path):
         ["--inputs", str(shard1), "id", str(shard2), "id", "--output", str(tmp_path / "one.json"), "--workers", "0"]))
     combined = (tmp_path / "combined.json").read_text()
     assert combined and combined == (tmp_path / "one.json").read_text()
+
+
+def test_verification_reads_only_each_batch_and_holds_one_batch(tmp_path, monkeypatch):
+    """Texts are re-read by seeking to their lines: the lines parsed are the batches' documents (not a
+    pass over the file per batch), and no batch holds more than its budget of text."""
+    docs, _ = bench.planted_corpus(80, dup_fraction=0.5, seed=17)
+    path = write_jsonl(tmp_path / "c.jsonl", docs)
+    fp = fingerprint_files([(path, "id")], workers=0, progress=False)
+    pairs = candidate_pairs(fp)
+    whole = dedup.verify_pairs(fp, pairs, workers=0, progress=False)
+    parsed, held = [], []
+    real_read = dedup.TextReader.read
+
+    def read(self, wanted):
+        texts = real_read(self, wanted)
+        held.append((len(wanted), sum(map(len, texts.values()))))
+        return texts
+
+    monkeypatch.setattr(dedup, "json_object", lambda raw: (parsed.append(raw), json_object(raw))[1])
+    monkeypatch.setattr(dedup.TextReader, "read", read)
+    budget = 2 * int(fp.chars.max())
+    assert dedup.verify_pairs(fp, pairs, workers=0, budget_chars=budget, progress=False) == whole
+    assert len(held) > 2 and len(parsed) == sum(n for n, _ in held) < len(held) * len(docs)
+    assert max(chars for _, chars in held) <= budget
+
+
+def test_verification_refuses_a_file_changed_since_fingerprinting(tmp_path):
+    docs, _ = bench.planted_corpus(40, dup_fraction=0.5, seed=19)
+    path = write_jsonl(tmp_path / "c.jsonl", docs)
+    fp = fingerprint_files([(path, "id")], workers=0, progress=False)
+    pairs = candidate_pairs(fp)
+    write_jsonl(path, [d | {"text": d["text"] + " edited"} for d in docs])
+    with pytest.raises(UsageError, match=r"c\.jsonl: changed since it was fingerprinted"):
+        dedup.verify_pairs(fp, pairs, workers=0, progress=False)
+
+
+def test_near_duplicates_of_some_rows_equal_those_of_a_copy_of_them(tmp_path):
+    """`rows` compares only those documents, as a copy of their fingerprints would, without the copy."""
+    docs, _ = bench.planted_corpus(120, dup_fraction=0.5, seed=23)
+    fp = fingerprint_files([(write_jsonl(tmp_path / "c.jsonl", docs), "id")], workers=0, progress=False)
+    rows = np.flatnonzero(np.arange(len(fp)) % 3 != 1)
+    copy = dedup.Fingerprints(fp.params, fp.sources, [fp.keys[i] for i in rows], fp.signatures[rows],
+                              fp.exact[rows], fp.source[rows], fp.line[rows], fp.chars[rows])
+    removed, pairs = near_duplicates(fp, workers=0, progress=False, rows=rows)
+    removed_copy, pairs_copy = near_duplicates(copy, workers=0, progress=False)
+    assert pairs and [(rows[i], rows[j], s) for i, j, s in pairs_copy] == pairs
+    assert np.array_equal(np.flatnonzero(removed), rows[removed_copy]) and not removed[np.arange(1, len(fp), 3)].any()
