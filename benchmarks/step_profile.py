@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from train_throughput import _build_ours, _model_config  # noqa: E402
 
 from gpt2forge.tools.machine_report import wait_for_quiet  # noqa: E402
-from gpt2forge.train.metrics.peak import measure_cpu_peak  # noqa: E402
+from gpt2forge.train.metrics.peak_flops import measure_cpu_peak_flops  # noqa: E402
 
 MATMULS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm")
 ORDER = ("matmul: qkv", "matmul: attention out", "matmul: MLP", "matmul: LM head", "attention",
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wait_for_quiet(args.wait_quiet)
     torch._inductor.config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
-    peak = measure_cpu_peak(args.precision)
+    peak_flops = measure_cpu_peak_flops(args.precision)
     cfg = _model_config(args.model, args.seq_len)
     torch.manual_seed(args.seed)
     from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.profile_steps):
             step(batch)
         profiled_s = (time.perf_counter() - t0) / args.profile_steps
-    peak = max(peak, measure_cpu_peak(args.precision))
+    peak_flops = max(peak_flops, measure_cpu_peak_flops(args.precision))
 
     ms, by_op = breakdown(prof, args.profile_steps, cfg.n_embd, vocab)
     ms["framework overhead"] = max(profiled_s * 1e3 - sum(ms.values()), 0.0)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     fpt = cfg.flops_per_token(args.seq_len)
     print(f"{args.model}, B={args.batch_size}, T={args.seq_len}, {args.precision}, {torch.get_num_threads()} threads; "
           f"{info['optimizer']}, compiled {info['compiled']}, LM loss {info['lm_loss']}")
-    print(f"{args.precision} matmul peak measured in this run: {peak / 1e9:.1f} GFLOP/s")
+    print(f"{args.precision} matmul peak measured in this run: {peak_flops / 1e9:.1f} GFLOP/s")
     print(f"compile step {compile_s:.1f} s; steady step {step_s:.3f} s (median of {args.steps}), "
           f"profiled step {profiled_s:.3f} s (the profiler's own cost included)")
     print(f"\n{'category':42s} {'ms/step':>9s} {'share':>7s}")
@@ -179,11 +179,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {name[:38]:38s} {v:9.1f}")
     matmul_ms = sum(v for k, v in ms.items() if k.startswith("matmul"))
     print(f"{'all matmuls':42s} {matmul_ms:9.1f} {matmul_ms / total:7.1%}")
-    mfu = tokens / step_s * fpt / peak
+    mfu = tokens / step_s * fpt / peak_flops
     print(f"\ntokens/s {tokens / step_s:.1f}; MFU {mfu:.1%} of the peak measured here ({fpt / 1e6:.0f} MFLOP/token)")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "args": vars(args), "peak_flops": peak, "compile_s": compile_s, "step_s": step_s,
+            "args": vars(args), "peak_flops": peak_flops, "compile_s": compile_s, "step_s": step_s,
             "profiled_step_s": profiled_s, "ms_per_step": dict(ms),
             "tokens_per_s": tokens / step_s, "mfu": mfu}, indent=1))
     return 0

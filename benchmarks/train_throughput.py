@@ -25,9 +25,9 @@ tokens/s = B*T / median step time. MFU uses ModelConfig.flops_per_token(T) and t
 run's matmul peak reads, one before the warm-up and one after each interleaved round, so the peak is
 read under the same conditions as the steps (the issue's "peak measured in the same run"): on a CPU a
 1024^3 matmul in the precision, never below fp32's; on a GPU the trainer's own read
-(`read_gpu_peak`). MFU* is the same against a fixed bar: on a CPU the best this machine has ever
+(`read_gpu_peak_flops`). MFU* is the same against a fixed bar: on a CPU the best this machine has ever
 read (kept across runs in ~/.cache/gpt2forge/cpu_peak.json; stricter, since a VM's clock and
-neighbours move its reads by 20% from run to run), on a GPU its data sheet's (metrics.device_peak:
+neighbours move its reads by 20% from run to run), on a GPU its data sheet's (`device_peak_flops`:
 llm.c's and nanoGPT's basis, and the GPU MFU target's). The targets are ratios (STYLE.md: targets are
 checked by side-by-side benchmarks, never by timed tests); missing one is reported, not an error.
 
@@ -346,16 +346,16 @@ class Worker:
             self.proc.kill()
 
 
-def bench_precision(ctx, precision: str, args: argparse.Namespace, log, read_peak=None) -> dict:
+def bench_precision(ctx, precision: str, args: argparse.Namespace, log, read_peak_flops=None) -> dict:
     """Both implementations in `precision`: warm-up one at a time, then interleaved timed steps.
-    `read_peak()`, when given, is called before the warm-up and after each timed round (the workers
-    idle meanwhile); its reads are returned as res["peak_reads"]."""
+    `read_peak_flops()`, when given, is called before the warm-up and after each timed round (the workers
+    idle meanwhile); its reads are returned as res["peak_flops_reads"]."""
     workers: dict[str, Worker] = {}
     res = {impl: {"warmup_s": [], "step_s": [], "step_cpu_s": [], "losses": []} for impl in IMPLS}
-    peak_reads = res["peak_reads"] = []
+    peak_flops_reads = res["peak_flops_reads"] = []
     try:
-        if read_peak:
-            peak_reads.append(read_peak())
+        if read_peak_flops:
+            peak_flops_reads.append(read_peak_flops())
         for impl in IMPLS:  # start and warm up one at a time, so neither's setup or compile is shared
             workers[impl] = w = Worker(ctx, impl, precision, args)
             res[impl].update(w.ask("ready"))
@@ -373,9 +373,9 @@ def bench_precision(ctx, precision: str, args: argparse.Namespace, log, read_pea
                 res[impl]["losses"].append(r["loss"])
                 log(f"  {precision} {impl:12s} step {i + 1}/{args.steps}:    {r['seconds']:7.2f} s "
                     f"(CPU time {r['cpu_seconds']:.2f} s)")
-            if read_peak:
-                peak_reads.append(read_peak())
-                log(f"  {precision} matmul peak read: {peak_reads[-1] / 1e9:.1f} GFLOP/s")
+            if read_peak_flops:
+                peak_flops_reads.append(read_peak_flops())
+                log(f"  {precision} matmul peak read: {peak_flops_reads[-1] / 1e9:.1f} GFLOP/s")
         if args.profile:
             for impl, w in workers.items():
                 r = w.ask("profile")
@@ -388,44 +388,45 @@ def bench_precision(ctx, precision: str, args: argparse.Namespace, log, read_pea
     return res
 
 
-def summarize(res: dict, precision: str, args: argparse.Namespace, fpt: float, peak: float | None,
-              best_peak: float | None = None) -> dict:
-    """`peak`: this run's (the target's); `best_peak`: the best this machine has shown (reported)."""
+def summarize(res: dict, precision: str, args: argparse.Namespace, fpt: float, peak_flops: float | None,
+              best_peak_flops: float | None = None) -> dict:
+    """`peak_flops`: this run's (the target's); `best_peak_flops`: the best this machine has shown (reported)."""
     tokens = args.batch_size * args.seq_len
-    peak_reads = res.pop("peak_reads", [])
+    peak_flops_reads = res.pop("peak_flops_reads", [])
     for r in res.values():
         r["median_step_s"] = statistics.median(r["step_s"])
         r["median_step_cpu_s"] = statistics.median(r["step_cpu_s"])
         r["tokens_per_s"] = tokens / r["median_step_s"]
-        r["mfu"] = r["tokens_per_s"] * fpt / peak if peak else None
-        r["mfu_best_peak"] = r["tokens_per_s"] * fpt / best_peak if best_peak else None
+        r["mfu"] = r["tokens_per_s"] * fpt / peak_flops if peak_flops else None
+        r["mfu_best_peak"] = r["tokens_per_s"] * fpt / best_peak_flops if best_peak_flops else None
         # First step minus a steady step: the torch.compile time (None for eager).
         r["compile_s"] = max(0.0, r["warmup_s"][0] - r["median_step_s"]) if r["compiled"] else None
     ratio = res["ours"]["tokens_per_s"] / res["transformers"]["tokens_per_s"]
     mfu = res["ours"].get("mfu")
     return {"precision": precision, "impls": res, "ratio": ratio, "target_met": ratio >= TARGET,
             "mfu_target_met": (mfu is not None and mfu >= MFU_TARGET) if precision == "fp32" else None,
-            "device_peak_flops": peak, "peak_reads_flops": peak_reads, "best_peak_flops": best_peak}
+            "device_peak_flops": peak_flops, "peak_reads_flops": peak_flops_reads,
+            "best_peak_flops": best_peak_flops}
 
 
-def _gpu_peak_read(device, precision: str) -> float:
+def _gpu_peak_flops_read(device, precision: str) -> float:
     """One read of this GPU's matmul peak in `precision` (fp32: TF32 tensor cores, as the trainer sets
-    them): the trainer's own read (`read_gpu_peak`, the one its step line shows beside the data sheet)."""
+    them): the trainer's own read (`read_gpu_peak_flops`, the one its step line shows beside the data sheet)."""
     import torch
 
-    from gpt2forge.train.metrics.peak import read_gpu_peak
+    from gpt2forge.train.metrics.peak_flops import read_gpu_peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = True
-    return read_gpu_peak(device, precision)
+    return read_gpu_peak_flops(device, precision)
 
 
-def _cpu_peak_read(precision: str) -> float:
+def _cpu_peak_flops_read(precision: str) -> float:
     """One read of this CPU's matmul peak in `precision` (never below fp32's: autocast training does
     much of its work in fp32, and an emulated bf16 matmul is slower than fp32)."""
-    from gpt2forge.train.metrics.peak import measure_cpu_peak
+    from gpt2forge.train.metrics.peak_flops import measure_cpu_peak_flops
 
-    fp32 = measure_cpu_peak("fp32")
-    return fp32 if precision == "fp32" else max(fp32, measure_cpu_peak(precision))
+    fp32 = measure_cpu_peak_flops("fp32")
+    return fp32 if precision == "fp32" else max(fp32, measure_cpu_peak_flops(precision))
 
 
 def print_table(summaries: list[dict]) -> None:
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpt2forge.core.device import resolve_device
-    from gpt2forge.train.metrics import peak as metrics
+    from gpt2forge.train.metrics.peak_flops import device_peak_flops, remember_cpu_peak_flops
 
     try:
         device = resolve_device(args.device)
@@ -482,14 +483,16 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.precisions:
         log = lambda m: print(m, flush=True)  # noqa: E731
         if device.type == "cpu":
-            res = bench_precision(ctx, precision, args, log, read_peak=lambda p=precision: _cpu_peak_read(p))
-            peak = max(res["peak_reads"])
-            best = metrics.remember_cpu_peak(precision, peak)
-            summaries.append(summarize(res, precision, args, fpt, peak, best))
+            res = bench_precision(ctx, precision, args, log,
+                                  read_peak_flops=lambda p=precision: _cpu_peak_flops_read(p))
+            peak_flops = max(res["peak_flops_reads"])
+            best = remember_cpu_peak_flops(precision, peak_flops)
+            summaries.append(summarize(res, precision, args, fpt, peak_flops, best))
         else:  # a GPU: the peak read in this run; its data sheet's figure for MFU* (llm.c's and nanoGPT's basis)
-            res = bench_precision(ctx, precision, args, log, read_peak=lambda p=precision: _gpu_peak_read(device, p))
-            summaries.append(summarize(res, precision, args, fpt, max(res["peak_reads"]),
-                                       metrics.device_peak(device, precision)))
+            res = bench_precision(ctx, precision, args, log,
+                                  read_peak_flops=lambda p=precision: _gpu_peak_flops_read(device, p))
+            summaries.append(summarize(res, precision, args, fpt, max(res["peak_flops_reads"]),
+                                       device_peak_flops(device, precision)))
     wall = time.perf_counter() - t_start
 
     print()

@@ -51,7 +51,7 @@ from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.kfac import build_preconditioner
 from gpt2forge.train.memory_features import apply_memory_features, offload_to_host
 from gpt2forge.train.metrics.monitor import RunMonitor
-from gpt2forge.train.metrics.peak import StepMeter, device_peak, in_run_peak, peak_reader
+from gpt2forge.train.metrics.peak_flops import StepMeter, device_peak_flops, in_run_peak_flops, peak_flops_reader
 from gpt2forge.train.optim import build_lr_schedule, build_optimizer
 from gpt2forge.train.schedule import build_run_schedule
 from gpt2forge.train.signals import exit_signals
@@ -181,12 +181,12 @@ def build_loop(s: Setup) -> Loop:
     progress = Progress()
     if cfg.checkpoint.resume_training_from_checkpoint:
         resume(run, s.ckpt_dir, progress)
-    peak, read = device_peak(s.device, s.precision), in_run_peak(s.device, s.precision)
+    peak_flops, read = device_peak_flops(s.device, s.precision), in_run_peak_flops(s.device, s.precision)
     if s.device.type == "cuda":  # tokens/s is the job's: one GPU per process (CPU processes share one peak)
-        peak = peak * s.env.world_size if peak else peak
+        peak_flops = peak_flops * s.env.world_size if peak_flops else peak_flops
         read = read * s.env.world_size if read else read
-    meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, s.model.config.flops_per_token(cfg.arch.max_len), peak,
-                      reread_peak=peak_reader(s.device, s.precision), read_peak=read)
+    meter = StepMeter(cfg.samples_per_step, cfg.arch.max_len, s.model.config.flops_per_token(cfg.arch.max_len),
+                      peak_flops, reread_peak_flops=peak_flops_reader(s.device, s.precision), peak_flops_read=read)
     return Loop(run, data, progress, total_steps, steps_per_epoch, meter, RunMonitor(cfg, s.model.config, total_steps))
 
 

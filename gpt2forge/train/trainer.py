@@ -142,7 +142,7 @@ def _host_step(loop: Loop, updates: Iterator[list[torch.Tensor]], index_in_epoch
         global_batch=cfg.samples_per_step, loss_scale=run.scaler.scale, skipped=run.skipped_updates,
         processes=run.dist_env.world_size, epoch_done=epoch_done, last=progress.step >= loop.total_steps,
         blend=blend_shares(loop.data.train, consumed), mfu_of_read=loop.meter.read_mfu(tokens_s),
-        peak_flops_read=loop.meter.read_peak), t_end
+        peak_flops_read=loop.meter.peak_flops_read), t_end
 
 
 def _advance(progress: Progress, steps_per_epoch: int) -> bool:

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from gpt2forge.tools import machine_report
-from gpt2forge.train.metrics import peak, profiler
+from gpt2forge.train.metrics import peak_flops, profiler
 from gpt2forge.train.metrics.lines import StepReport, step_line
-from gpt2forge.train.metrics.peak import GPU_PEAKS, StepMeter, device_peak
+from gpt2forge.train.metrics.peak_flops import GPU_PEAK_FLOPS, StepMeter, device_peak_flops
 
 CUDA0 = torch.device("cuda", 0)
 STEP_MFU = re.compile(r"^step \d+ of epoch \d+, .* MFU: (\S+),")
-"""As tests/train/test_metrics_peak.py reads the step line's MFU."""
+"""As tests/train/test_metrics_peak_flops.py reads the step line's MFU."""
 
 NAMES = {
     "NVIDIA H200": "H200",
@@ -33,14 +33,14 @@ NAMES = {
 
 
 def test_every_row_of_the_peak_table_is_named_by_a_real_gpu():
-    assert set(NAMES.values()) == set(GPU_PEAKS)
+    assert set(NAMES.values()) == set(GPU_PEAK_FLOPS)
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
 def test_the_gpu_peak_is_its_names_row(fake_cuda, name, precision):
     fake_cuda.names = ["NVIDIA H100 80GB HBM3", name]
-    assert device_peak(torch.device("cuda", 1), precision) == GPU_PEAKS[NAMES[name]][precision]
+    assert device_peak_flops(torch.device("cuda", 1), precision) == GPU_PEAK_FLOPS[NAMES[name]][precision]
     assert fake_cuda.called("get_device_name") == [((torch.device("cuda", 1),), {})]
 
 
@@ -48,7 +48,7 @@ def test_the_peaks_tell_the_gpus_apart(fake_cuda):
     peaks = {}
     for name in NAMES:
         fake_cuda.names = [name]
-        peaks[name] = device_peak(CUDA0, "bf16")
+        peaks[name] = device_peak_flops(CUDA0, "bf16")
     assert peaks["NVIDIA H100 PCIe"] < peaks["NVIDIA H100 80GB HBM3"]
     assert peaks["NVIDIA A10"] < peaks["NVIDIA A100-SXM4-80GB"]
     assert peaks["Tesla V100-SXM2-16GB"] is None  # no bf16: the MFU is 'unknown'
@@ -57,7 +57,7 @@ def test_the_peaks_tell_the_gpus_apart(fake_cuda):
 @pytest.mark.parametrize("name", ["Tesla T4", "NVIDIA RTX A6000", "AMD Instinct MI300X"])
 def test_an_unknown_gpu_has_no_peak(fake_cuda, name):
     fake_cuda.names = [name]
-    assert all(device_peak(CUDA0, p) is None for p in ("bf16", "fp16", "fp32"))
+    assert all(device_peak_flops(CUDA0, p) is None for p in ("bf16", "fp16", "fp32"))
 
 
 def test_the_profiler_records_cuda_and_sorts_by_device_time(fake_cuda, monkeypatch, tmp_path):
@@ -98,16 +98,17 @@ def _report(meter, tokens_per_s: float) -> StepReport:
                       grad_norm=1.0, seconds_per_step=1024 * 16 / tokens_per_s, consumed_samples=48,
                       consumed_tokens=48 * 1024, global_batch=16, loss_scale=1.0, skipped=0, processes=1,
                       epoch_done=False, last=False, mfu_of_read=meter.read_mfu(tokens_per_s),
-                      peak_flops_read=meter.read_peak)
+                      peak_flops_read=meter.peak_flops_read)
 
 
 def test_gpu_mfu_is_the_data_sheets_with_the_peak_read_here_beside_it(fake_cuda, monkeypatch):
     fake_cuda.names = ["NVIDIA H200"]
     reads = []
-    monkeypatch.setattr(peak, "read_gpu_peak", lambda device, precision: reads.append((device, precision)) or 790e12)
-    sheet, read = device_peak(CUDA0, "bf16"), peak.in_run_peak(CUDA0, "bf16")
+    monkeypatch.setattr(peak_flops, "read_gpu_peak_flops",
+                        lambda device, precision: reads.append((device, precision)) or 790e12)
+    sheet, read = device_peak_flops(CUDA0, "bf16"), peak_flops.in_run_peak_flops(CUDA0, "bf16")
     assert (sheet, read, reads) == (989e12, 790e12, [(CUDA0, "bf16")])
-    meter = StepMeter(16, 1024, FLOPS_PER_TOKEN, sheet, read_peak=read)
+    meter = StepMeter(16, 1024, FLOPS_PER_TOKEN, sheet, peak_flops_read=read)
     line = step_line("graphcore", _report(meter, 500_000.0))
     assert ", MFU: 37.6%, MFU of the peak read here: 47.1% of 790.0 TFLOP/s, peak memory: 9.50 GiB," in line
     assert STEP_MFU.match(line)[1] == "37.6%"  # the data sheet's figure is the one log parsers read
@@ -115,17 +116,17 @@ def test_gpu_mfu_is_the_data_sheets_with_the_peak_read_here_beside_it(fake_cuda,
 
 
 def test_a_cpu_step_line_has_no_second_mfu():
-    assert peak.in_run_peak(torch.device("cpu"), "fp32") is None
+    assert peak_flops.in_run_peak_flops(torch.device("cpu"), "fp32") is None
     meter = StepMeter(16, 1024, FLOPS_PER_TOKEN, 2e12)
     report = _report(meter, 1000.0)
     assert "MFU of the peak read" not in step_line("graphcore", report) and "mfu_of_read" not in report.record()
 
 
 def test_the_peak_read_is_a_timed_matmul_and_none_without_room(monkeypatch):
-    assert peak.read_gpu_peak(torch.device("cpu"), "fp32", n=64, reps=2) > 0
+    assert peak_flops.read_gpu_peak_flops(torch.device("cpu"), "fp32", n=64, reps=2) > 0
 
     def no_room(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB.")
 
     monkeypatch.setattr(torch, "randn", no_room)
-    assert peak.read_gpu_peak(torch.device("cpu"), "bf16") is None
+    assert peak_flops.read_gpu_peak_flops(torch.device("cpu"), "bf16") is None

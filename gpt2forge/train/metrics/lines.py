@@ -39,7 +39,7 @@ class StepReport:
     """Model FLOPs utilisation as a fraction (0.123 = 12.3%), None when the device's peak FLOP/s is
     unknown; the step line prints it with `mfu_text`."""
     mfu_uncertain: bool
-    """A step beat the peak FLOP/s (see `peak.StepMeter`): the step line marks the MFU `~`."""
+    """A step beat the peak FLOP/s (see `peak_flops.StepMeter`): the step line marks the MFU `~`."""
     peak_memory_gib: float
     data_wait_pct: float
     grad_norm: float
@@ -60,8 +60,8 @@ class StepReport:
     blend: str = ""
     """The realized blend shares (` | shares ...`), or empty."""
     mfu_of_read: float | None = None
-    """On a GPU, MFU against the matmul peak read at start-up (`peak.in_run_peak`), beside `mfu`, which
-    is against the data sheet; None on a CPU (its peak is a read already)."""
+    """On a GPU, MFU against the matmul peak read at start-up (`peak_flops.in_run_peak_flops`), beside
+    `mfu`, which is against the data sheet; None on a CPU (its peak is a read already)."""
     peak_flops_read: float | None = None
     """The job's peak FLOP/s read at start-up (None with `mfu_of_read`)."""
 

@@ -3,10 +3,10 @@
 MFU = achieved training FLOP/s / peak FLOP/s of the device in the run's precision. GPU peaks come
 from a table of dense tensor-core figures (the data sheets': llm.c's, nanoGPT's and torchtitan's
 basis); beside it the step line shows the MFU against a large matmul read on the GPU at start-up
-(`read_gpu_peak`), which runs below the data sheet. CPU peaks are not published in a form we can look up, so
-a CPU's is measured: the best of several reads of a large matmul in that precision, kept in
-~/.cache/gpt2forge/cpu_peak.json per CPU (`cpu_peak_key`), where it only ever rises. A step that
-beats the peak re-reads it or raises it (`StepMeter`): MFU never prints above 100%.
+(`read_gpu_peak_flops`), which runs below the data sheet. CPU peaks are not published in a form we
+can look up, so a CPU's is measured: the best of several reads of a large matmul in that precision,
+kept in ~/.cache/gpt2forge/cpu_peak.json per CPU (`cpu_peak_flops_key`), where it only ever rises.
+A step that beats the peak re-reads it or raises it (`StepMeter`): MFU never prints above 100%.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gpt2forge.core.device import synchronize
 from gpt2forge.core.precision import PRECISION_DTYPES, cpu_half_matmul_is_emulated, cpu_identity
 from gpt2forge.train.metrics.lines import mfu_text
 
-PEAK_READS = 4
+PEAK_FLOPS_READS = 4
 """Matmul reads of a CPU's peak at start-up when none is cached for this CPU (one read when one is:
 the cached best is the floor), and at each re-read. Several, so that one read taken in a busy
 moment (another process's burst, a clock still rising) cannot stand as the peak."""
@@ -40,7 +40,7 @@ its own rate (each re-read's time falls into the next step's)."""
 
 # Dense peak FLOP/s by device-name substring and compute dtype (vendor data sheets, no sparsity).
 # The first key found in the name wins: a longer name comes before its prefix (A100 before A10).
-GPU_PEAKS = {
+GPU_PEAK_FLOPS = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
     "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12},
     "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},  # SXM; fp32 = TF32 tensor cores
@@ -53,9 +53,9 @@ GPU_PEAKS = {
 }
 
 
-def gpu_peak(device: torch.device, precision: str) -> float | None:
+def gpu_peak_flops(device: torch.device, precision: str) -> float | None:
     name = torch.cuda.get_device_name(device)
-    for key, peaks in GPU_PEAKS.items():
+    for key, peaks in GPU_PEAK_FLOPS.items():
         if key in name:
             return peaks.get(precision)
     return None
@@ -65,7 +65,7 @@ GPU_READ_SIZE = 8192
 """n of the n x n x n products a GPU's peak is read with (three n x n matrices in the run's precision)."""
 
 
-def read_gpu_peak(device: torch.device, precision: str, n: int = GPU_READ_SIZE, reps: int = 10) -> float | None:
+def read_gpu_peak_flops(device: torch.device, precision: str, n: int = GPU_READ_SIZE, reps: int = 10) -> float | None:
     """FLOP/s of this GPU's matmul in `precision` (fp32: TF32, as `configure_matmul` sets it), read
     now: the best of `reps` n x n x n products after a warm-up, each timed between two device
     synchronisations. None where the GPU has no room left for the three matrices."""
@@ -89,17 +89,19 @@ def read_gpu_peak(device: torch.device, precision: str, n: int = GPU_READ_SIZE, 
     return 2.0 * n**3 / best
 
 
-def in_run_peak(device: torch.device, precision: str) -> float | None:
-    """The peak read in this run to show beside the data sheet's MFU: a GPU's `read_gpu_peak`; None
-    elsewhere (a CPU's peak is a read already: `device_peak`)."""
-    return read_gpu_peak(device, precision) if device.type == "cuda" else None
+def in_run_peak_flops(device: torch.device, precision: str) -> float | None:
+    """The peak read in this run to show beside the data sheet's MFU: a GPU's `read_gpu_peak_flops`; None
+    elsewhere (a CPU's peak is a read already: `device_peak_flops`)."""
+    return read_gpu_peak_flops(device, precision) if device.type == "cuda" else None
 
 
 def cache_file() -> Path:
+    """The per-CPU peak FLOP/s cache. Its name stays cpu_peak.json, so that the peaks earlier versions
+    kept there remain the floor."""
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpt2forge" / "cpu_peak.json"
 
 
-def measure_cpu_peak(precision: str, n: int = 1024, reps: int = 8) -> float:
+def measure_cpu_peak_flops(precision: str, n: int = 1024, reps: int = 8) -> float:
     """One read: FLOP/s of an n x n x n matmul in `precision` on this CPU, best of `reps`."""
     dtype = PRECISION_DTYPES[precision]
     gen = torch.Generator().manual_seed(0)  # never the global RNG: a resumed run's dropout depends on it
@@ -122,7 +124,7 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_peak_key(precision: str) -> str:
+def cpu_peak_flops_key(precision: str) -> str:
     """The peak's cache key: the CPU's model and a digest of its flags, the threads torch uses and
     torch's version (`cpu_identity`), the CPUs usable, the precision. A peak read on another machine
     class, thread count or share of the machine is never taken for this one's."""
@@ -155,10 +157,10 @@ def _cache_locked():
         os.close(fd)  # releases the lock
 
 
-def remember_cpu_peak(precision: str, flops: float) -> float:
+def remember_cpu_peak_flops(precision: str, flops: float) -> float:
     """Merge a measured peak into the per-CPU cache, which only ever rises; returns the best this
     CPU has shown (`flops` or the cached value, whichever is higher)."""
-    key = cpu_peak_key(precision)
+    key = cpu_peak_flops_key(precision)
     with _cache_locked():
         cache = _read_cache()
         best = max(float(cache.get(key, 0.0)), flops)
@@ -171,21 +173,22 @@ def remember_cpu_peak(precision: str, flops: float) -> float:
     return best
 
 
-def read_cpu_peak(precision: str, reads: int = PEAK_READS) -> float:
+def read_cpu_peak_flops(precision: str, reads: int = PEAK_FLOPS_READS) -> float:
     """The best of `reads` reads (`READ_REPS` products each) merged into the cache: the best this CPU
     has shown in `precision`, in FLOP/s."""
-    return remember_cpu_peak(precision, max(measure_cpu_peak(precision, reps=READ_REPS) for _ in range(reads)))
+    best = max(measure_cpu_peak_flops(precision, reps=READ_REPS) for _ in range(reads))
+    return remember_cpu_peak_flops(precision, best)
 
 
-def cpu_peak(precision: str) -> float:
-    """This CPU's peak in `precision` at start-up: `PEAK_READS` reads when none is cached, one when
+def cpu_peak_flops(precision: str) -> float:
+    """This CPU's peak in `precision` at start-up: `PEAK_FLOPS_READS` reads when none is cached, one when
     one is (the cache is the floor, so a slow read cannot lower it; a fast one raises it). An
     emulated precision's read takes orders of magnitude longer: read once, then kept as cached."""
-    cached = _read_cache().get(cpu_peak_key(precision))
+    cached = _read_cache().get(cpu_peak_flops_key(precision))
     emulated = cpu_half_matmul_is_emulated(precision)
     if cached is None:
-        return read_cpu_peak(precision, 1 if emulated else PEAK_READS)
-    return float(cached) if emulated else read_cpu_peak(precision, 1)
+        return read_cpu_peak_flops(precision, 1 if emulated else PEAK_FLOPS_READS)
+    return float(cached) if emulated else read_cpu_peak_flops(precision, 1)
 
 
 def _training_precisions(precision: str) -> tuple[str, ...]:
@@ -195,23 +198,23 @@ def _training_precisions(precision: str) -> tuple[str, ...]:
     return ("fp32",) if precision == "fp32" else (precision, "fp32")
 
 
-def device_peak(device: torch.device, precision: str) -> float | None:
+def device_peak_flops(device: torch.device, precision: str) -> float | None:
     """Peak FLOP/s for MFU, or None when unknown (printed as 'unknown')."""
     if device.type == "cuda":
-        return gpu_peak(device, precision)
+        return gpu_peak_flops(device, precision)
     if device.type == "cpu":
-        return max(cpu_peak(p) for p in _training_precisions(precision))
+        return max(cpu_peak_flops(p) for p in _training_precisions(precision))
     return None
 
 
-def peak_reader(device: torch.device, precision: str) -> Callable[[], float] | None:
-    """What re-reads the device's peak when a step beats it (`StepMeter`'s `reread_peak`): on a CPU,
-    `PEAK_READS` fresh reads of each native precision the peak takes, merged into the cache; None
+def peak_flops_reader(device: torch.device, precision: str) -> Callable[[], float] | None:
+    """What re-reads the device's peak when a step beats it (`StepMeter`'s `reread_peak_flops`): on a CPU,
+    `PEAK_FLOPS_READS` fresh reads of each native precision the peak takes, merged into the cache; None
     on a GPU, whose peak is its data sheet's."""
     if device.type != "cpu":
         return None
     native = tuple(p for p in _training_precisions(precision) if not cpu_half_matmul_is_emulated(p))
-    return lambda: max(read_cpu_peak(p) for p in native)
+    return lambda: max(read_cpu_peak_flops(p) for p in native)
 
 
 def _flops_text(flops: float) -> str:
@@ -222,23 +225,24 @@ class StepMeter:
     """Turns a host step's wall time into samples/s, tokens/s and MFU, never over 100%.
 
     A step whose training FLOP/s beat the peak proves the peak low: the meter re-reads it
-    (`reread_peak`, at most `REREADS` times) and, where the step still beats it, raises the peak to
+    (`reread_peak_flops`, at most `REREADS` times) and, where the step still beats it, raises the peak to
     the step's rate. That step's MFU is marked `~` (uncertain), and so is every later one once the
     peak is a step's rate rather than a matmul's (an upper bound of the true MFU); a line on stdout
     says what happened.
     """
 
-    def __init__(self, samples_per_step: int, seq_len: int, flops_per_token: float, peak: float | None,
-                 reread_peak: Callable[[], float] | None = None, read_peak: float | None = None):
+    def __init__(self, samples_per_step: int, seq_len: int, flops_per_token: float, peak_flops: float | None,
+                 reread_peak_flops: Callable[[], float] | None = None, peak_flops_read: float | None = None):
         self.samples_per_step = samples_per_step
         self.seq_len = seq_len
         self.flops_per_token = flops_per_token
-        self.peak = peak
-        self.read_peak = read_peak
-        """The job's peak read in this run (`in_run_peak`), shown beside a GPU's data-sheet MFU; None on a CPU."""
-        self.reread_peak = reread_peak
-        self.rereads_left = REREADS if reread_peak is not None else 0
-        self.peak_is_a_step_rate = False
+        self.peak_flops = peak_flops
+        self.peak_flops_read = peak_flops_read
+        """The job's peak FLOP/s read in this run (`in_run_peak_flops`), shown beside a GPU's data-sheet
+        MFU; None on a CPU."""
+        self.reread_peak_flops = reread_peak_flops
+        self.rereads_left = REREADS if reread_peak_flops is not None else 0
+        self.peak_flops_is_a_step_rate = False
         self.last_uncertain = False
         """Whether the MFU of the last step `rates` measured is uncertain (marked `~`)."""
 
@@ -248,34 +252,34 @@ class StepMeter:
         samples = self.samples_per_step / seconds
         tokens = samples * self.seq_len
         achieved = tokens * self.flops_per_token
-        beaten = self.peak is not None and achieved > self.peak
+        beaten = self.peak_flops is not None and achieved > self.peak_flops
         if beaten:
-            self._raise_peak(achieved)
-        self.last_uncertain = beaten or self.peak_is_a_step_rate
+            self._raise_peak_flops(achieved)
+        self.last_uncertain = beaten or self.peak_flops_is_a_step_rate
         return samples, tokens, mfu_text(self.mfu(tokens), self.last_uncertain)
 
     def mfu(self, tokens_per_sec: float) -> float | None:
         """MFU as a fraction (0.123 = 12.3%), None when the device peak is unknown."""
-        return tokens_per_sec * self.flops_per_token / self.peak if self.peak else None
+        return tokens_per_sec * self.flops_per_token / self.peak_flops if self.peak_flops else None
 
     def read_mfu(self, tokens_per_sec: float) -> float | None:
-        """MFU against `read_peak` as a fraction, None without one."""
-        return tokens_per_sec * self.flops_per_token / self.read_peak if self.read_peak else None
+        """MFU against `peak_flops_read` as a fraction, None without one."""
+        return tokens_per_sec * self.flops_per_token / self.peak_flops_read if self.peak_flops_read else None
 
-    def _raise_peak(self, achieved: float) -> None:
+    def _raise_peak_flops(self, achieved: float) -> None:
         """A step ran at `achieved` FLOP/s, above the peak: re-read it, else raise it to `achieved`."""
-        said = f"MFU: a step ran at {_flops_text(achieved)}, above the peak ({_flops_text(self.peak)})"
+        said = f"MFU: a step ran at {_flops_text(achieved)}, above the peak ({_flops_text(self.peak_flops)})"
         if self.rereads_left > 0:
             self.rereads_left -= 1
-            read = self.reread_peak()
-            self.peak = max(self.peak, read)  # never lowered
+            read = self.reread_peak_flops()
+            self.peak_flops = max(self.peak_flops, read)  # never lowered
             said += f"; re-read: {_flops_text(read)}"
-        elif self.peak_is_a_step_rate:  # said once already
-            self.peak = achieved
+        elif self.peak_flops_is_a_step_rate:  # said once already
+            self.peak_flops = achieved
             return
-        if achieved > self.peak:
-            self.peak = achieved
-            self.peak_is_a_step_rate = True
+        if achieved > self.peak_flops:
+            self.peak_flops = achieved
+            self.peak_flops_is_a_step_rate = True
             said += "; the peak is now the step's rate, so MFU figures marked ~ are upper bounds"
         else:
             said += "; this step's MFU is marked ~"
