@@ -39,6 +39,7 @@ def atomic_file(path: str | Path, mode: int = 0o644) -> Iterator[BinaryIO]:
             os.fsync(f.fileno())
         os.chmod(tmp, mode)  # mkstemp creates 0600
         os.replace(tmp, path)
+        fsync_path(path.parent)  # the rename itself reaches the disk
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

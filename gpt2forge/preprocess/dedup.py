@@ -209,8 +209,8 @@ def exact_duplicates(fp: Fingerprints) -> np.ndarray:
     return dup
 
 
-def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1,
-                    keep: Callable[[np.ndarray], np.ndarray] | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1, keep: Callable[[np.ndarray], np.ndarray] | None = None,
+                    rows: np.ndarray | None = None) -> np.ndarray:
     """(M, 2) int64 (main, other) document indices sharing an LSH band key, main < other, unique, sorted.
 
     In each bucket (members in input order) the first `heuristic_iter` members are each paired with

@@ -36,7 +36,7 @@ def _signature(paths: list[Path]) -> dict:
 
 def remove_stale_temporaries(paths: list[Path]) -> None:
     """Delete the temporary siblings of `paths` that a killed run left: `.<name>.tmp-<pid>`
-    (atomic_jsonl, the shuffle) and `.<name>.<random>.tmp` (write_atomic, the .bin/.idx writer).
+    (atomic_jsonl) and `.<name>.<random>.tmp` (atomic_file: the shuffle, the fingerprints, the .bin/.idx writer).
     SIGKILL runs no cleanup, so without this each killed stage would leave a copy of its output
     behind, a corpus-sized file at scale. Hence one run per output folder at a time."""
     for path in paths:

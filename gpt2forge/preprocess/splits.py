@@ -11,12 +11,11 @@ per line (offsets, input index, the permutation); every output is written atomic
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
-from gpt2forge.core.atomic import fsync_path
+from gpt2forge.core.atomic import atomic_file
 from gpt2forge.core.errors import UsageError
 
 SPLIT_FILES = ("train.json", "dev.json", "test.json")
@@ -90,14 +89,6 @@ def _read(f, offset: int) -> bytes:
 
 
 def _write(path: Path, lines) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            for text in lines:
-                f.write(text + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_path(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path) as f:
+        for text in lines:
+            f.write(text + b"\n")

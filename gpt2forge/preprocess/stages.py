@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import array
-import os
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from gpt2forge.core.atomic import fsync_path
+from gpt2forge.core.atomic import atomic_file
 from gpt2forge.preprocess import clean, decontaminate, dedup, megatron
 from gpt2forge.preprocess.jsonl import atomic_jsonl, read_documents
 from gpt2forge.preprocess.minhash import MinHashParams
@@ -117,19 +116,11 @@ def shuffle_stage(src: Path, output: Path, seed: int, chars: int) -> dict:
     permutation (24 bytes per document), never the texts; each line is read by seeking."""
     starts, ends = line_offsets(src)
     order = np.random.default_rng(seed).permutation(len(starts))
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    try:
-        with open(src, "rb") as f, open(tmp, "wb") as out:
-            for i in order.tolist():
-                f.seek(starts[i])
-                line = f.read(int(ends[i] - starts[i]))
-                out.write(line if line.endswith(b"\n") else line + b"\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, output)
-        fsync_path(output.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open(src, "rb") as f, atomic_file(output) as out:
+        for i in order.tolist():
+            f.seek(starts[i])
+            line = f.read(int(ends[i] - starts[i]))
+            out.write(line if line.endswith(b"\n") else line + b"\n")
     return stage_record(len(order), len(order), chars, chars, {}, {})
 
 

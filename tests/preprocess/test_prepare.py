@@ -3,6 +3,7 @@ interruption, bad input, .bin/.idx that trains, and the seed's five commands as 
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.data.indexed import IndexedDataset
-from gpt2forge.preprocess import dedup, prepare, stages
+from gpt2forge.preprocess import dedup, prepare
 from gpt2forge.preprocess.prepare import STAGES, build_parser, prepare_corpus
 from gpt2forge.text import vocab
 
@@ -137,7 +138,7 @@ def test_interrupted_stage_leaves_nothing_that_looks_complete(corpus, monkeypatc
     assert run(corpus).skipped == ["clean", "exact_dedup"]
 
     before = (out / "shuffled.jsonl").read_bytes()
-    monkeypatch.setattr(stages.os, "fsync", killed)  # the shuffle with a new seed dies before its rename
+    monkeypatch.setattr(os, "fsync", killed)  # the shuffle with a new seed dies before its rename
     with pytest.raises(KeyboardInterrupt):
         run(corpus, "--shuffle-seed", "7")
     monkeypatch.undo()
