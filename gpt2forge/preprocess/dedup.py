@@ -326,10 +326,11 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
 
 def _batches(fp: Fingerprints, pairs: np.ndarray, budget_chars: int) -> Iterator[tuple[int, int]]:
     """[lo, hi) ranges of `pairs` whose documents total at most `budget_chars` (at least one pair each)."""
+    need = np.cumsum(fp.chars[pairs[:, 0]] + fp.chars[pairs[:, 1]])  # counts a shared main twice: safe
     lo = 0
     while lo < len(pairs):
-        need = np.cumsum(fp.chars[pairs[lo:, 0]] + fp.chars[pairs[lo:, 1]])  # counts a shared main twice: safe
-        hi = lo + max(1, int(np.searchsorted(need, budget_chars, side="right")))
+        before = int(need[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(need, before + budget_chars, side="right")))
         yield lo, hi
         lo = hi
 
