@@ -5,6 +5,7 @@ Megatron mmap).
   pool every tool shares.
 - `jsonl`: streaming loose-JSON reading with per-line errors (file:line), atomic writers.
 - `clean`: ftfy, language, minimum length and Gopher-style quality rules (data/cleanup_dataset.py).
+- `unicode_repair`: ftfy's fix_text, equal to it, skipping the fixers that cannot change a line.
 - `langid`: language ID with the pinned lid.176.ftz (sha256-checked, never downloaded).
 - `minhash`: shingles, MinHash signatures, LSH band keys, exact Jaccard.
 - `dedup`: exact and near-duplicate removal over streamed fingerprints (.npz, never pickle).

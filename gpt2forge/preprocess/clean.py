@@ -23,13 +23,13 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import ftfy
 from tqdm import tqdm
 
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.preprocess.engine import TokenizerSpec, ordered_map
 from gpt2forge.preprocess.jsonl import already_complete, atomic_json, atomic_jsonl, read_documents
 from gpt2forge.preprocess.langid import LanguageIdentifier
+from gpt2forge.preprocess.unicode_repair import fix_text
 from gpt2forge.text.tokenizer import worker_environment
 
 ANY_LANGUAGE = "any"
@@ -40,30 +40,6 @@ EXAMPLE_CHARS = 200
 CHUNK_DOCS = 256
 WHITESPACE_RUNS = re.compile(r"  +|\b\n+ |\b\n+")
 """The seed's general_cleaning: runs of spaces, and newlines after a word, become one space."""
-FTFY_CONFIG = ftfy.TextFixerConfig(explain=False)
-NOT_PLAIN = re.compile(r"[^\t\n\x20-\x25\x27-\x7e]")
-"""A character some ftfy fixer may change: anything but printable ASCII, tab and newline, and `&`
-(the start of an HTML entity). A line without one is left as it is by every fixer."""
-
-
-def fix_text(text: str) -> str:
-    """`ftfy.fix_text(text)`, equal to it character for character (tests/preprocess/test_clean.py checks
-    against ftfy), faster on web text (docs/benchmarks.md, Design measurements): ftfy fixes each line
-    apart, and most lines are plain printable ASCII, which no fixer changes, so those skip its dozen
-    passes. The loop is ftfy's own (ftfy.fix_text, 6.x), including its switch that stops unescaping
-    HTML after the first `<`."""
-    if not NOT_PLAIN.search(text):
-        return text
-    config, out, pos = FTFY_CONFIG, [], 0
-    while pos < len(text):
-        end = text.find("\n", pos) + 1 or len(text)
-        end = min(end, pos + config.max_decode_length)
-        segment = text[pos:end]
-        if config.unescape_html == "auto" and "<" in segment:
-            config = config._replace(unescape_html=False)
-        out.append(ftfy.fix_and_explain(segment, config).text if NOT_PLAIN.search(segment) else segment)
-        pos = end
-    return "".join(out)
 
 
 @dataclasses.dataclass(frozen=True)
