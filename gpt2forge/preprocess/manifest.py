@@ -6,16 +6,25 @@ out, removals by rule, examples, its settings, the size and mtime of its inputs 
 its outputs. A stage is complete when its record matches: same settings, inputs unchanged, outputs
 present at their recorded sizes; `Manifest.run` then skips it. A stage that re-runs rewrites its
 output, so every stage after it sees a changed input and re-runs too. The file is rewritten
-atomically after each stage, so a killed run loses at most the stage it was in.
+atomically after each stage, so a killed run loses at most the stage it was in. A run holds its
+folder (`hold_folder`: a lock on `manifest.lock`, released when the process ends, however it ends),
+so a second run started on the same folder stops at once instead of deleting the first one's
+temporaries and writing over its files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import glob
 import json
+import os
+import socket
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpt2forge.core.errors import UsageError
@@ -45,6 +54,33 @@ def remove_stale_temporaries(paths: list[Path]) -> None:
                 tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def hold_folder(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder/manifest.lock` while the block runs (the kernel drops it when the
+    process ends, SIGKILL included, so no stale lock is left). Raises a UsageError naming the holder
+    when another run has it. On a file system without locks it warns and runs the block unlocked."""
+    path = folder / "manifest.lock"
+    with open(path, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UsageError(f"{folder}: another prepare_corpus.py run is working in this folder "
+                             f"({f.read().strip() or 'a process'} holds {path.name}); wait for it to end or stop "
+                             "it, then rerun") from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            print(f"warning: {folder}: its file system has no file locks ({exc.strerror}); nothing stops a "
+                  "second run in this folder, so start one at a time", file=sys.stderr)
+        else:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            f.flush()
+        yield
+
+
 def _plain(obj) -> object:
     """`obj` as it reads back from JSON (tuples -> lists), so settings compare equal after a reload."""
     return json.loads(json.dumps(obj))
@@ -61,7 +97,7 @@ class Manifest:
 
     `order` names the stages in the order they run (re-running one drops the records after it);
     `may_empty`: a stage may keep no document (a shard task's part can be all boilerplate), where
-    otherwise that stops the run with a UsageError.
+        otherwise that stops the run with a UsageError.
     """
 
     def __init__(self, out_dir: Path, settings: dict, overwrite: bool, order: tuple[str, ...],

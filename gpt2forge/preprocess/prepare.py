@@ -32,7 +32,7 @@ from pathlib import Path
 from gpt2forge.core.errors import UsageError
 from gpt2forge.preprocess import clean, decontaminate, dedup, megatron, sharded
 from gpt2forge.preprocess.jsonl import atomic_json
-from gpt2forge.preprocess.manifest import Manifest
+from gpt2forge.preprocess.manifest import Manifest, hold_folder
 from gpt2forge.preprocess.minhash import JACCARD_MODES, MinHashParams
 from gpt2forge.preprocess.stages import (
     clean_stage,
@@ -90,6 +90,14 @@ def prepare_corpus(args: argparse.Namespace) -> Manifest:
     inputs = [Path(p) for p in args.input]
     if args.shard is not None:
         return sharded.run_task(args, inputs, settings, clean_cfg, params)
+    with hold_folder(out_dir):
+        return _run_stages(args, out_dir, inputs, settings, clean_cfg, params, decon_cfg)
+
+
+def _run_stages(args: argparse.Namespace, out_dir: Path, inputs: list[Path], settings: dict,
+                clean_cfg: clean.CleanConfig, params: MinHashParams,
+                decon_cfg: decontaminate.DecontaminateConfig) -> Manifest:
+    """The one-machine run's stages, or the merge's, each skipped where the manifest says it is complete."""
     layout = {"num_shards": args.num_shards} if args.num_shards else {}
     m = Manifest(out_dir, {"input": list(map(str, args.input)), **layout, "stages": settings}, args.overwrite,
                  STAGES)

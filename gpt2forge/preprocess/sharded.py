@@ -35,7 +35,7 @@ import numpy as np
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.preprocess import clean, dedup
-from gpt2forge.preprocess.manifest import Manifest
+from gpt2forge.preprocess.manifest import Manifest, hold_folder
 from gpt2forge.preprocess.minhash import MinHashParams
 from gpt2forge.preprocess.stages import clean_stage, exact_stage, fingerprints_of, stage_record
 
@@ -98,7 +98,13 @@ def run_task(args: argparse.Namespace, inputs: list[Path], settings: dict, clean
     part = parts(inputs, n)[k]
     folder = shard_dir(Path(args.output_dir), k, n)
     folder.mkdir(parents=True, exist_ok=True)
-    task = _task_settings(settings, part)
+    with hold_folder(folder):
+        return _task_stages(args, inputs, _task_settings(settings, part), clean_cfg, params, part, folder)
+
+
+def _task_stages(args: argparse.Namespace, inputs: list[Path], task: dict, clean_cfg: clean.CleanConfig,
+                 params: MinHashParams, part: list[tuple[str, int, int]], folder: Path) -> Manifest:
+    k, n = args.shard, args.num_shards
     m = Manifest(folder, {"input": list(map(str, args.input)), "shard": k, "num_shards": n, "stages": task},
                  args.overwrite, TASK_STAGES, may_empty=True)
     clean_path, fp_path = _task_files(folder)

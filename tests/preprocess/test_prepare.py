@@ -130,7 +130,7 @@ def test_interrupted_stage_leaves_nothing_that_looks_complete(corpus, monkeypatc
         run(corpus)
     out = corpus["out"]
     assert sorted(p.name for p in out.iterdir()) == ["clean.jsonl", "exact.jsonl", "fingerprints.npz",
-                                                     "manifest.json"]
+                                                     "manifest.json", "manifest.lock"]
     assert list(json.loads((out / "manifest.json").read_text())["stages"]) == ["clean", "exact_dedup"]
     monkeypatch.undo()
     assert run(corpus).skipped == ["clean", "exact_dedup"]
@@ -161,9 +161,27 @@ def test_bad_line_names_file_and_line_exit_2_or_is_counted(corpus, capsys):
     assert _script().main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "raw2.jsonl:6:" in err and "--skip-bad-lines" in err
-    assert sorted(p.name for p in corpus["out"].iterdir()) == []
+    assert sorted(p.name for p in corpus["out"].iterdir()) == ["manifest.lock"]  # the lock, no output
     assert _script().main(argv + ["--skip-bad-lines"]) == 0
     assert json.loads((corpus["out"] / "manifest.json").read_text())["stages"]["clean"]["bad_lines"] == 1
+
+
+def test_a_second_run_on_a_busy_folder_stops_and_touches_nothing(corpus, capsys):
+    """Two runs on one folder (a scheduler's requeue while the first still runs, a second terminal):
+    the second stops with exit code 2 and one line naming the holder, before removing the first
+    one's temporaries; once the first ends, the folder is free again (also after a SIGKILL: the
+    kernel drops the lock with the process)."""
+    out = corpus["out"]
+    out.mkdir(exist_ok=True)
+    running = out / ".clean.jsonl.tmp-12345"  # the first run's output being written
+    running.write_text("partial")
+    argv = ["--input", *map(str, corpus["raw"]), "--output-dir", str(out), "--workers", "0"]
+    with prepare.hold_folder(out):
+        assert _script().main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(out) in err and f"pid {os.getpid()}" in err and "rerun" in err
+        assert running.read_text() == "partial" and not (out / "manifest.json").exists()
+    assert _script().main(argv) == 0 and not running.exists()
 
 
 def tiny_gpt2_config(path: Path) -> Path:

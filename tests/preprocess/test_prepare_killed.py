@@ -48,8 +48,8 @@ def stages(out: Path) -> dict:
 
 def files(out: Path) -> dict[str, bytes]:
     """Every file of the output folder, the input's time taken out of the .bin/.idx's record of its
-    source (manifest.json: `counts`)."""
-    found = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
+    source (manifest.json: `counts`; manifest.lock names the last run's process)."""
+    found = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name not in ("manifest.json", "manifest.lock")}
     source = json.loads(found["corpus_text_document.source.json"])
     del source["input"]["mtime_ns"]
     found["corpus_text_document.source.json"] = json.dumps(source).encode()
