@@ -1,8 +1,39 @@
-"""fp16 loss scaling: the scaler (`LossScaler`, static or dynamic) and the run's (`build_loss_scaler`)."""
+"""fp16 loss scaling: its flags (`LossScaleArgs`, a section of the run's configuration), the scaler
+(`LossScaler`, static or dynamic) and the run's (`build_loss_scaler`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+
+from gpt2forge.core.errors import collect
+from gpt2forge.core.flags import flag, opt, positive
+
+
+@dataclasses.dataclass
+class LossScaleArgs:
+    """Fp16 loss scaling: static, or dynamic as Megatron's."""
+
+    loss_scaling: float = opt(50000.0)
+    """Fp16: static loss scale (initial scale with --auto-loss-scaling)"""
+    auto_loss_scaling: bool = opt(False, kind="bool")
+    """Fp16: dynamic loss scaling."""
+    initial_loss_scale: float = opt(1.0)
+    """fp16 dynamic scaling: the first scale (Megatron's --initial-loss-scale; 1.0 as the reference's
+    --auto-loss-scaling)"""
+    loss_scale_window: int = opt(2000)
+    """fp16 dynamic scaling: clean updates before the scale doubles (Megatron's --loss-scale-window)"""
+    min_loss_scale: float = opt(1.0)
+    """fp16 dynamic scaling: the scale never goes below this (Megatron's --min-loss-scale)"""
+    loss_scale_hysteresis: int = opt(1)
+    """fp16 dynamic scaling: overflowing updates tolerated before the scale halves (Megatron's --hysteresis)"""
+
+    def __post_init__(self) -> None:
+        problems = positive(self, "loss_scale_window", "loss_scale_hysteresis")
+        problems += [f"--{flag(name)} must be > 0" for name in ("loss_scaling", "initial_loss_scale", "min_loss_scale")
+                     if getattr(self, name) <= 0]
+        collect(problems)
 
 
 class LossScaler:
@@ -69,16 +100,16 @@ AUTO_FP16_INITIAL_SCALE = 2.0**16
 of updates the scale takes to grow)."""
 
 
-def build_loss_scaler(rt, precision: str) -> LossScaler:
-    """The run's LossScaler from its RuntimeArgs `rt` (gpt2forge.train.config) and resolved `precision`:
-    enabled for fp16 only; dynamic from --initial-loss-scale with --auto-loss-scaling, else static at
-    --loss-scaling, except where --precision auto chose fp16 (a GPU without native bf16), which is
-    dynamic from AUTO_FP16_INITIAL_SCALE: a run that did not ask for fp16 gets a scale that follows
-    its gradients."""
-    auto_fp16 = precision == "fp16" and rt.precision == "auto"
-    if rt.auto_loss_scaling:
-        init = rt.initial_loss_scale
+def build_loss_scaler(args: LossScaleArgs, precision: str, asked: str) -> LossScaler:
+    """The run's LossScaler from its loss-scale flags, its resolved `precision` and the --precision it
+    `asked` for: enabled for fp16 only; dynamic from --initial-loss-scale with --auto-loss-scaling, else
+    static at --loss-scaling, except where --precision auto chose fp16 (a GPU without native bf16),
+    which is dynamic from AUTO_FP16_INITIAL_SCALE: a run that did not ask for fp16 gets a scale that
+    follows its gradients."""
+    auto_fp16 = precision == "fp16" and asked == "auto"
+    if args.auto_loss_scaling:
+        init = args.initial_loss_scale
     else:
-        init = AUTO_FP16_INITIAL_SCALE if auto_fp16 else rt.loss_scaling
-    return LossScaler(precision == "fp16", init, rt.auto_loss_scaling or auto_fp16, rt.loss_scale_window,
-                      rt.min_loss_scale, rt.loss_scale_hysteresis)
+        init = AUTO_FP16_INITIAL_SCALE if auto_fp16 else args.loss_scaling
+    return LossScaler(precision == "fp16", init, args.auto_loss_scaling or auto_fp16, args.loss_scale_window,
+                      args.min_loss_scale, args.loss_scale_hysteresis)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpt2forge.core import log
 from gpt2forge.core.errors import collect
 from gpt2forge.core.flags import flag, opt, positive
 
@@ -63,12 +64,6 @@ class DataArgs:
     """hf: rebuild the tokenized blocks even when cached (run_clm's --overwrite_cache)"""
     loss_on: str = opt("all", choices=("all", "completion"))
     """which tokens carry loss: all | completion (prompt/completion JSONL: prompt tokens are masked)"""
-    reset_position_ids: bool = opt(False, kind="bool")
-    """positions restart at 0 after each end-of-document token (Megatron's)"""
-    reset_attention_mask: bool = opt(False, kind="bool")
-    """a token attends only within its own document of a packed sample (block-causal mask; Megatron's)"""
-    eod_mask_loss: bool = opt(False, kind="bool")
-    """no loss where the input token is end-of-document, i.e. on the next document's first token (Megatron's)"""
     tokenizer_name_or_path: str | None = opt(None)
     """local tokenizer folder the data was made with (data/train_tokenizer.py output: tokenizer.json, or
     vocab.json + merges.txt); a fresh model takes its vocab_size and checkpoints ship its files; default: GPT-2's
@@ -124,3 +119,9 @@ class DataArgs:
         if self.loss_on == "completion" and self.dataset not in ("jsonl", None):
             problems.append("--loss-on completion needs --dataset jsonl with prompt/completion records")
         collect(problems)
+
+
+def notice_ignored_flags(args: DataArgs) -> None:
+    """The reference's data flags that are accepted and change nothing here say so once."""
+    if args.async_dataloader:
+        log.notice("--async-dataloader: batches are prefetched by DataLoader workers (--num-workers)")

@@ -8,8 +8,9 @@ Megatron's flags (megatron.core.datasets.gpt_dataset._get_ltor_masks_and_positio
 - `--eod-mask-loss`: no loss where the *input* token is an EOD, i.e. on the prediction of the next
   document's first token made from the previous document (the EOD target itself is still scored).
 
-`document_layout` derives the position and document ids from the input ids once per micro-batch
-(a cumulative sum over EOD flags); `eod_masked_labels` applies `--eod-mask-loss`. The model turns
+The flags are `DocumentArgs`, a section of the run's configuration; `document_inputs` applies them
+to a micro-batch: `document_layout` derives the position and document ids from the input ids (a
+cumulative sum over EOD flags), `eod_masked_labels` applies `--eod-mask-loss`. The model turns
 document ids into one `DocumentMask` per forward, shared by its blocks: the dense (B, 1, T, T)
 block-causal mask for SDPA, or on CUDA a FlexAttention block mask (tiles that no query of a
 document needs are skipped, nothing (T, T) is materialized). A micro-batch whose rows each hold one
@@ -18,11 +19,30 @@ document gets no ids at all, so it costs exactly what plain causal attention cos
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import torch
 
+from gpt2forge.core.flags import opt
 from gpt2forge.core.labels import IGNORE_INDEX
+
+
+@dataclasses.dataclass
+class DocumentArgs:
+    """Packed documents: Megatron's flags that keep the documents of a packed sample apart."""
+
+    reset_position_ids: bool = opt(False, kind="bool")
+    """positions restart at 0 after each end-of-document token (Megatron's)"""
+    reset_attention_mask: bool = opt(False, kind="bool")
+    """a token attends only within its own document of a packed sample (block-causal mask; Megatron's)"""
+    eod_mask_loss: bool = opt(False, kind="bool")
+    """no loss where the input token is end-of-document, i.e. on the next document's first token (Megatron's)"""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any flag is on: samples are then split into documents at their end-of-document tokens."""
+        return self.reset_position_ids or self.reset_attention_mask or self.eod_mask_loss
 
 
 class DocumentLayout(NamedTuple):
@@ -62,6 +82,15 @@ def document_layout(input_ids: torch.Tensor, eod: int, reset_position_ids: bool,
 def eod_masked_labels(input_ids: torch.Tensor, labels: torch.Tensor, eod: int) -> torch.Tensor:
     """`labels` (B, T) with IGNORE_INDEX where the input token is an EOD (Megatron's --eod-mask-loss)."""
     return labels.masked_fill(input_ids == eod, IGNORE_INDEX)
+
+
+def document_inputs(args: DocumentArgs, input_ids: torch.Tensor, labels: torch.Tensor, eod: int,
+                    always: bool = False) -> tuple[torch.Tensor, DocumentLayout]:
+    """A micro-batch's input ids and labels (B, T each) under the flags: the labels (EOD inputs unscored
+    with --eod-mask-loss) and the ids of `document_layout` (`always` as there)."""
+    if args.eod_mask_loss:
+        labels = eod_masked_labels(input_ids, labels, eod)
+    return labels, document_layout(input_ids, eod, args.reset_position_ids, args.reset_attention_mask, always=always)
 
 
 class DocumentMask(NamedTuple):

@@ -24,6 +24,7 @@ from gpt2forge.core import log
 from gpt2forge.core.device import with_index
 from gpt2forge.core.errors import UsageError
 from gpt2forge.parallel.health import backend_failure_hint, first_words, preflight
+from gpt2forge.parallel.topology import ParallelArgs
 
 TIMEOUT = datetime.timedelta(minutes=float(os.environ.get("GPT2FORGE_DIST_TIMEOUT_MIN", "10")))
 """Collective timeout: a rank that died makes the others fail after this, never hang forever
@@ -165,11 +166,12 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, env: DistEnv) -> dict
     return optimizer.state_dict()
 
 
-def requested_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool, offload: str = "none") -> int:
+def requested_zero_stage(cfg: ParallelArgs, offload: str = "none") -> int:
     """--zero-stage, defaulting to 3 with --offload full, else to 1 with --replicated-tensor-sharding,
     else 0. Raises UsageError for --offload full below ZeRO-2 (only FSDP2 streams parameters)."""
+    zero_stage = cfg.zero_stage
     if zero_stage is None:
-        return 3 if offload == "full" else (1 if replicated_tensor_sharding else 0)
+        return 3 if offload == "full" else (1 if cfg.replicated_tensor_sharding else 0)
     if offload == "full" and zero_stage < 2:
         raise UsageError(f"--offload full streams parameters through FSDP2 and needs --zero-stage 2 or 3, not "
                          f"--zero-stage {zero_stage}; drop --zero-stage (full offload implies 3) or use "
@@ -177,12 +179,11 @@ def requested_zero_stage(zero_stage: int | None, replicated_tensor_sharding: boo
     return zero_stage
 
 
-def resolve_zero_stage(zero_stage: int | None, replicated_tensor_sharding: bool, env: DistEnv,
-                       offload: str = "none") -> int:
+def resolve_zero_stage(cfg: ParallelArgs, env: DistEnv, offload: str = "none") -> int:
     """The ZeRO stage that runs (see `requested_zero_stage`). One process shards nothing: its stage is
     0 (with a notice), except with --offload full, where FSDP2 over a world of one streams every
     block's parameters between host and device."""
-    stage = requested_zero_stage(zero_stage, replicated_tensor_sharding, offload)
+    stage = requested_zero_stage(cfg, offload)
     if stage and not env.enabled and offload != "full":
         log.notice(f"ZeRO stage {stage}: one process, nothing to shard (launch replicas with torchrun; "
                    "--offload full runs ZeRO-3 in one process with every state in host memory)")

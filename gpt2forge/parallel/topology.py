@@ -69,6 +69,11 @@ class ParallelArgs:
         """Global batch in sequences: micro-batch x accumulation x replicas."""
         return self.batch_size * self.gradient_accumulation * self.replication_factor
 
+    @property
+    def samples_per_step(self) -> int:
+        """Sequences per host (logged) step: global batch x device iterations."""
+        return self.samples_per_update * self.device_iterations
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -167,10 +172,9 @@ def check_tensor_parallel(tp: int, n_head: int, padded_vocab: int, world_size: i
                          "of each")
 
 
-def report_layout(layout: Layout, cfg: ParallelArgs, accumulation: int, async_dataloader: bool = False) -> None:
+def report_layout(layout: Layout, cfg: ParallelArgs, accumulation: int) -> None:
     """Print the stage map and the notices for co-located stages / missing replicas folded into
-    `accumulation` (folded_accumulation's) / no-op flags (`async_dataloader` is the data section's
-    --async-dataloader, one of them)."""
+    `accumulation` (folded_accumulation's) / no-op flags."""
     if layout.stages > 1:
         log.banner("Device Allocation")
         for line in layout.stage_map():
@@ -184,14 +188,12 @@ def report_layout(layout: Layout, cfg: ParallelArgs, accumulation: int, async_da
         log.notice(f"--replication-factor {layout.replicas} with {layout.data_parallel} data-parallel process(es): "
                    f"gradient accumulation {cfg.gradient_accumulation} x {factor} = {accumulation} keeps the "
                    f"global batch of {cfg.samples_per_update} sequences")
-    _ipu_only_notices(cfg, layout.world_size, async_dataloader)
+    _ipu_only_notices(cfg, layout.world_size)
 
 
-def _ipu_only_notices(cfg: ParallelArgs, world_size: int, async_dataloader: bool) -> None:
+def _ipu_only_notices(cfg: ParallelArgs, world_size: int) -> None:
     """Flags that are accepted and do nothing on these devices (yet) say so once."""
     if cfg.matmul_proportion is not None:
         log.notice("--matmul-proportion is an IPU memory-planner knob with no equivalent; ignored")
     if cfg.replicated_tensor_sharding and world_size == 1:
         log.notice("--replicated-tensor-sharding: one replica process, nothing to shard (launch with torchrun)")
-    if async_dataloader:
-        log.notice("--async-dataloader: batches are prefetched by DataLoader workers (--num-workers)")

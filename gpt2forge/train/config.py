@@ -5,11 +5,12 @@ names and its older aliases keep working, and flag names are flat (no section pr
 dataclass defaults < `--config FILE` (JSON or YAML, keys are field or flag names) < command line.
 The resolved config is saved flat (`to_dict`) as `train_config.json` next to every checkpoint.
 
-Sections (attribute: class): arch: ModelArgs, data: DataArgs, optim: OptimizerArgs, kfac: KfacArgs,
-runtime: RuntimeArgs, memory: MemoryArgs, parallel: ParallelArgs, checkpoint: CheckpointArgs, logging:
-LoggingArgs, eval: EvalArgs. The sections that packages below train/ consume are defined there
-(ModelArgs in model/args.py, DataArgs in data/args.py, ParallelArgs in parallel/topology.py, MemoryArgs in
-parallel/memory_plan.py).
+Sections (attribute: class): arch: ModelArgs, data: DataArgs, documents: DocumentArgs, optim: OptimizerArgs,
+kfac: KfacArgs, parallel: ParallelArgs, memory: MemoryArgs, runtime: RuntimeArgs, loss_scale: LossScaleArgs,
+checkpoint: CheckpointArgs, logging: LoggingArgs, eval: EvalArgs. A section lives beside the code that reads
+it: those that packages below train/ consume are defined there (ModelArgs in model/args.py, DocumentArgs in
+model/documents.py, DataArgs in data/args.py, ParallelArgs in parallel/topology.py, MemoryArgs in
+parallel/memory_plan.py, LossScaleArgs in core/loss_scaler.py).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Any
 
 from gpt2forge.core.errors import UsageError, collect
 from gpt2forge.core.flags import attribute_docs, flag, opt, positive
+from gpt2forge.core.loss_scaler import LossScaleArgs
 from gpt2forge.data.args import DataArgs
 from gpt2forge.model.args import ModelArgs
 from gpt2forge.model.build import ModelSource, resolve_model
+from gpt2forge.model.documents import DocumentArgs
 from gpt2forge.parallel.memory_plan import MemoryArgs
 from gpt2forge.parallel.topology import ParallelArgs
 
@@ -166,19 +169,6 @@ class RuntimeArgs:
     """auto | cpu | cuda | cuda:N."""
     precision: str = opt("auto", choices=("auto", "fp32", "bf16", "fp16"))
     """auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA, fp32 on CPU)"""
-    loss_scaling: float = opt(50000.0)
-    """Fp16: static loss scale (initial scale with --auto-loss-scaling)"""
-    auto_loss_scaling: bool = opt(False, kind="bool")
-    """Fp16: dynamic loss scaling."""
-    initial_loss_scale: float = opt(1.0)
-    """fp16 dynamic scaling: the first scale (Megatron's --initial-loss-scale; 1.0 as the reference's
-    --auto-loss-scaling)"""
-    loss_scale_window: int = opt(2000)
-    """fp16 dynamic scaling: clean updates before the scale doubles (Megatron's --loss-scale-window)"""
-    min_loss_scale: float = opt(1.0)
-    """fp16 dynamic scaling: the scale never goes below this (Megatron's --min-loss-scale)"""
-    loss_scale_hysteresis: int = opt(1)
-    """fp16 dynamic scaling: overflowing updates tolerated before the scale halves (Megatron's --hysteresis)"""
     enable_half_partials: bool = opt(False, kind="bool")
     """Reduced-precision matmul accumulation where the device allows it."""
     torch_compile: str = opt("auto", choices=("auto", "true", "false"))
@@ -195,12 +185,6 @@ class RuntimeArgs:
     plan: bool = opt(False, "--dry-run", kind="bool")
     """print the memory each process of the layout needs, per pipeline stage, and whether it fits this machine;
     trains nothing."""
-
-    def __post_init__(self) -> None:
-        problems = positive(self, "loss_scale_window", "loss_scale_hysteresis")
-        problems += [f"--{flag(name)} must be > 0" for name in ("loss_scaling", "initial_loss_scale", "min_loss_scale")
-                     if getattr(self, name) <= 0]
-        collect(problems)
 
 
 @dataclasses.dataclass
@@ -308,9 +292,9 @@ def _cross_section_problems(dataset: str | None, compile_only: bool, plan: bool)
 
 
 SECTIONS: dict[str, type] = {
-    "arch": ModelArgs, "data": DataArgs, "optim": OptimizerArgs, "kfac": KfacArgs, "parallel": ParallelArgs,
-    "memory": MemoryArgs, "runtime": RuntimeArgs, "checkpoint": CheckpointArgs, "logging": LoggingArgs,
-    "eval": EvalArgs,
+    "arch": ModelArgs, "data": DataArgs, "documents": DocumentArgs, "optim": OptimizerArgs, "kfac": KfacArgs,
+    "parallel": ParallelArgs, "memory": MemoryArgs, "runtime": RuntimeArgs, "loss_scale": LossScaleArgs,
+    "checkpoint": CheckpointArgs, "logging": LoggingArgs, "eval": EvalArgs,
 }
 """TrainConfig attribute -> section class, in --help order."""
 
@@ -335,11 +319,13 @@ class TrainConfig:
 
     arch: ModelArgs = dataclasses.field(default_factory=ModelArgs)
     data: DataArgs = dataclasses.field(default_factory=DataArgs)
+    documents: DocumentArgs = dataclasses.field(default_factory=DocumentArgs)
     optim: OptimizerArgs = dataclasses.field(default_factory=OptimizerArgs)
     kfac: KfacArgs = dataclasses.field(default_factory=KfacArgs)
     parallel: ParallelArgs = dataclasses.field(default_factory=ParallelArgs)
     memory: MemoryArgs = dataclasses.field(default_factory=MemoryArgs)
     runtime: RuntimeArgs = dataclasses.field(default_factory=RuntimeArgs)
+    loss_scale: LossScaleArgs = dataclasses.field(default_factory=LossScaleArgs)
     checkpoint: CheckpointArgs = dataclasses.field(default_factory=CheckpointArgs)
     logging: LoggingArgs = dataclasses.field(default_factory=LoggingArgs)
     eval: EvalArgs = dataclasses.field(default_factory=EvalArgs)
@@ -392,7 +378,7 @@ class TrainConfig:
     @property
     def samples_per_step(self) -> int:
         """Sequences per host (logged) step: global batch x device iterations."""
-        return self.samples_per_update * self.parallel.device_iterations
+        return self.parallel.samples_per_step
 
     @property
     def tokens_per_step(self) -> int:

@@ -22,6 +22,7 @@ from gpt2forge.core.loss_scaler import LossScaler, build_loss_scaler
 from gpt2forge.core.memory import refuse_beyond_host
 from gpt2forge.core.precision import autocast_dtype, configure_matmul, resolve_precision
 from gpt2forge.data import DatasetSplit
+from gpt2forge.data.args import notice_ignored_flags
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.build import build_model
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
@@ -117,8 +118,8 @@ def plan_memory(cfg: TrainConfig, device: torch.device, precision: str) -> int:
     """--plan: the memory plan of the run, without building the model."""
     model_cfg = cfg.model_source().config
     build_layout(cfg.parallel, model_cfg.n_layer)  # the layout flags must describe this model
-    parallel, offload = cfg.parallel, cfg.memory.offload_mode
-    zero = requested_zero_stage(parallel.zero_stage, parallel.replicated_tensor_sharding, offload)
+    parallel = cfg.parallel
+    zero = requested_zero_stage(parallel, cfg.memory.offload_mode)
     name = Path(cfg.arch.model_config).stem if cfg.arch.model_config else cfg.arch.model
     return run_plan(parallel, cfg.memory, model_cfg, cfg.arch.max_len, device, autocast_dtype(precision), zero, name)
 
@@ -137,8 +138,7 @@ def check_step_fits_host(cfg: TrainConfig) -> None:
 
 def set_up(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str) -> Setup:
     """The ZeRO stage, the host checks, the model and the layout; then the process group is joined."""
-    zero = resolve_zero_stage(cfg.parallel.zero_stage, cfg.parallel.replicated_tensor_sharding, env,
-                              cfg.memory.offload_mode)
+    zero = resolve_zero_stage(cfg.parallel, env, cfg.memory.offload_mode)
     source = cfg.model_source()  # once: the host check and the model both need it
     check_step_fits_host(cfg)
     if cfg.memory.offload_mode != "none":  # before any allocation
@@ -148,7 +148,11 @@ def set_up(cfg: TrainConfig, env: DistEnv, device: torch.device, precision: str)
     model = build_model(source, device)
     layout = build_layout(cfg.parallel, model.config.n_layer, env.world_size)
     accumulation = folded_accumulation(layout, cfg.parallel)  # replicas without a process fold into accumulation
-    report_layout(layout, cfg.parallel, accumulation, cfg.data.async_dataloader)
+    report_layout(layout, cfg.parallel, accumulation)
+    notice_ignored_flags(cfg.data)
+    if not cfg.runtime.custom_ops:
+        log.notice("--custom-ops False: ignored; each C++ op runs wherever the library built by `make` is present "
+                   "(its PyTorch reference where not)")
     init_process_group(env, device)
     return Setup(cfg, env, device, precision, model, source.checkpoint, layout, accumulation, zero)
 
@@ -221,7 +225,7 @@ def _step_parts(s: Setup) -> tuple[Strategy, torch.optim.Optimizer, LossScaler, 
     _print_stage_plan(s)
     optimizer = _build_optimizer(cfg, strategy, s.device, s.precision)
     kfac = build_preconditioner(cfg.kfac, strategy)  # before the data: a layout it refuses stops here
-    return strategy, optimizer, build_loss_scaler(cfg.runtime, s.precision), kfac
+    return strategy, optimizer, build_loss_scaler(cfg.loss_scale, s.precision, cfg.runtime.precision), kfac
 
 
 def _build_strategy(s: Setup, offload: bool) -> Strategy:

@@ -25,7 +25,7 @@ from gpt2forge.core.precision import autocast
 from gpt2forge.data import IGNORE_INDEX, ShardedStream, collate, split_batch
 from gpt2forge.evaluation.quick import QuickEval
 from gpt2forge.model.config import ModelConfig
-from gpt2forge.model.documents import document_layout, eod_masked_labels
+from gpt2forge.model.documents import document_inputs
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 from gpt2forge.parallel.distributed import TIMEOUT, DistEnv, all_reduce_sum
 from gpt2forge.parallel.health import Watchdog, collective_failure
@@ -82,9 +82,9 @@ def document_eod(cfg: TrainConfig, model_config: ModelConfig) -> int | None:
     tokenizer's, else the model's `eos_token_id` (GPT-2: 50256); None when no such flag is on.
 
     Raises UsageError when the tokenizer has no end-of-document token."""
-    data = cfg.data
-    if not (data.reset_position_ids or data.reset_attention_mask or data.eod_mask_loss):
+    if not cfg.documents.enabled:
         return None
+    data = cfg.data
     flags = "--reset-position-ids/--reset-attention-mask/--eod-mask-loss"
     eod = model_config.eos_token_id
     if data.tokenizer_name_or_path:
@@ -106,11 +106,7 @@ def micro_batch(run: Run, batch: torch.Tensor) -> MicroBatch:
     x, y = split_batch(batch)
     if run.eod is None:
         return MicroBatch(x, y)
-    data = run.cfg.data
-    if data.eod_mask_loss:
-        y = eod_masked_labels(x, y, run.eod)
-    layout = document_layout(x, run.eod, data.reset_position_ids, data.reset_attention_mask,
-                             always=run.strategy.uniform_arguments)
+    y, layout = document_inputs(run.cfg.documents, x, y, run.eod, always=run.strategy.uniform_arguments)
     return MicroBatch(x, y, *layout)
 
 

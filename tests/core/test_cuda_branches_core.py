@@ -3,7 +3,6 @@ loss_scaler), run on the CPU under the fake CUDA runtime (tests/fake_cuda.py): d
 precision and its loss scaler, determinism, synchronisation, memory."""
 
 import os
-import types
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from gpt2forge.core.compilation import compile_enabled
 from gpt2forge.core.determinism import deterministic_algorithms
 from gpt2forge.core.device import resolve_device, synchronize, with_index
 from gpt2forge.core.errors import UsageError
-from gpt2forge.core.loss_scaler import build_loss_scaler
+from gpt2forge.core.loss_scaler import LossScaleArgs, build_loss_scaler
 from gpt2forge.core.memory import GiB, available_device_memory, device_capacity
 from gpt2forge.core.precision import configure_matmul, resolve_precision
 
@@ -86,24 +85,16 @@ def test_the_bf16_question_is_asked_of_the_current_gpu(fake_cuda):
     assert resolve_precision("auto", CUDA0) == "fp16"
 
 
-def _runtime_args(precision: str, **flags) -> types.SimpleNamespace:
-    """RuntimeArgs' loss-scaling fields at their defaults (gpt2forge.train.config), `flags` over them."""
-    defaults = {"precision": precision, "loss_scaling": 50000.0, "auto_loss_scaling": False, "initial_loss_scale": 1.0,
-                "loss_scale_window": 2000, "min_loss_scale": 1.0, "loss_scale_hysteresis": 1}
-    return types.SimpleNamespace(**(defaults | flags))
-
-
 def test_fp16_chosen_by_auto_scales_its_loss_dynamically(fake_cuda):
     fake_cuda.capability = (7, 0)
-    rt = _runtime_args("auto")
-    scaler = build_loss_scaler(rt, resolve_precision(rt.precision, CUDA0))
+    scaler = build_loss_scaler(LossScaleArgs(), resolve_precision("auto", CUDA0), "auto")
     assert scaler.enabled and scaler.dynamic and scaler.scale == 2.0**16
     # fp16 asked for keeps the flags' meaning: static at --loss-scaling unless --auto-loss-scaling
-    asked = build_loss_scaler(_runtime_args("fp16"), "fp16")
+    asked = build_loss_scaler(LossScaleArgs(), "fp16", "fp16")
     assert asked.enabled and not asked.dynamic and asked.scale == 50000.0
-    dynamic = build_loss_scaler(_runtime_args("auto", auto_loss_scaling=True, initial_loss_scale=4.0), "fp16")
+    dynamic = build_loss_scaler(LossScaleArgs(auto_loss_scaling=True, initial_loss_scale=4.0), "fp16", "auto")
     assert dynamic.dynamic and dynamic.scale == 4.0
-    assert not build_loss_scaler(_runtime_args("auto"), "bf16").enabled
+    assert not build_loss_scaler(LossScaleArgs(), "bf16", "auto").enabled
 
 
 def test_deterministic_cuda_sets_the_cublas_workspace_and_only_warns(fake_cuda, monkeypatch):

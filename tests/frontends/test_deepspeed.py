@@ -54,9 +54,9 @@ def test_seed_000_with_a_ds_json_maps_every_block(tmp_path, capsys):
     # ds.json's batches win: 16 = micro 2 x accumulation 4 x 2 replicas (the flags said 4 and 8)
     assert (cfg.parallel.batch_size, cfg.parallel.gradient_accumulation, cfg.parallel.replication_factor) == (2, 4, 2)
     assert cfg.optim.max_grad_norm == 0.5 and cfg.parallel.zero_stage == 2 and cfg.memory.offload == "optimizer"
-    r = cfg.runtime
-    assert (r.precision, r.auto_loss_scaling, r.initial_loss_scale, r.loss_scale_window, r.loss_scale_hysteresis,
-            r.min_loss_scale) == ("fp16", True, 4096.0, 500, 3, 0.5)
+    r = cfg.loss_scale
+    assert (cfg.runtime.precision, r.auto_loss_scaling, r.initial_loss_scale, r.loss_scale_window,
+            r.loss_scale_hysteresis, r.min_loss_scale) == ("fp16", True, 4096.0, 500, 3, 0.5)
     o = cfg.optim
     # the seed's --lr 0.00015 and --lr-warmup-fraction .01 win; the blocks fill the rest
     assert (o.optimizer, o.learning_rate, o.adam_beta2, o.adam_eps, o.weight_decay) == ("AdamW", 0.00015, 0.95, 1e-6,
@@ -93,7 +93,7 @@ def test_blocks_fill_what_the_flags_leave_out(tmp_path):
 ])
 def test_precision_and_loss_scale(tmp_path, block, expected):
     cfg = parse_args([*BASE, "--fp16", *ds(tmp_path, {"train_batch_size": 8, **block})], world_size=2)
-    assert (cfg.runtime.precision, cfg.runtime.auto_loss_scaling, cfg.runtime.loss_scaling) == expected
+    assert (cfg.runtime.precision, cfg.loss_scale.auto_loss_scaling, cfg.loss_scale.loss_scaling) == expected
 
 
 @pytest.mark.parametrize("zero, expected", [

@@ -62,9 +62,9 @@ def test_seed_000_gpt_args_become_the_same_run(tmp_path):
     assert (o.learning_rate, o.training_steps, o.lr_decay_steps, o.lr_schedule, o.lr_warmup) == \
         (0.00015, 500000, 320000, "cosine", 0.01)
     assert (o.optimizer, o.weight_decay, o.max_grad_norm, o.adam_eps, o.min_lr) == ("AdamW", 0.01, 1.0, 1e-8, 0.0)
-    r = cfg.runtime
-    assert (r.precision, r.auto_loss_scaling, r.initial_loss_scale, r.loss_scale_window, r.loss_scale_hysteresis) == \
-        ("fp16", True, 2.0 ** 32, 1000, 2)
+    r = cfg.loss_scale
+    assert (cfg.runtime.precision, r.auto_loss_scaling, r.initial_loss_scale, r.loss_scale_window,
+            r.loss_scale_hysteresis) == ("fp16", True, 2.0 ** 32, 1000, 2)
     assert cfg.memory.recompute_checkpoint_every_layer
     assert (cfg.logging.log_steps, cfg.logging.log_format) == (10, "megatron")
     assert (cfg.eval.eval_every_steps, cfg.eval.eval_iters, cfg.checkpoint.save_per_steps) == (100, 10, 500)

@@ -95,7 +95,7 @@ def test_seed_002_options_become_the_same_run(clm_files, tmp_path):
     assert cfg.optim.training_steps == 10000 and cfg.optim.learning_rate == 5e-5 and cfg.optim.weight_decay == 0.0
     assert (cfg.optim.lr_schedule, cfg.optim.lr_warmup_steps, cfg.optim.min_lr) == ("linear", 0, 0.0)
     assert cfg.optim.max_grad_norm is None  # run_clm_no_trainer does not clip
-    assert (cfg.runtime.precision, cfg.runtime.auto_loss_scaling, cfg.runtime.initial_loss_scale) == \
+    assert (cfg.runtime.precision, cfg.loss_scale.auto_loss_scaling, cfg.loss_scale.initial_loss_scale) == \
         ("fp16", True, 65536.0)
     assert cfg.checkpoint.checkpoint_input_dir == str(clm_files["model"])
     assert cfg.checkpoint.checkpoint_output_dir == str(tmp_path / "run") and cfg.checkpoint.auto_resume

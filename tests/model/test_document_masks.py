@@ -18,7 +18,13 @@ from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.model import dropout as dropout_module
 from gpt2forge.model.checkpoint import from_hf_state_dict, to_hf_state_dict
 from gpt2forge.model.config import ModelConfig
-from gpt2forge.model.documents import dense_document_mask, document_layout, document_starts, eod_masked_labels
+from gpt2forge.model.documents import (
+    DocumentArgs,
+    dense_document_mask,
+    document_layout,
+    document_starts,
+    eod_masked_labels,
+)
 from gpt2forge.model.dropout import causal_attention_dropout
 from gpt2forge.model.gpt2 import GPT2LMHeadModel
 
@@ -239,9 +245,9 @@ def test_evaluation_scores_with_the_training_masks():
     strategy = build_strategy(model, ParallelRequest(torch.device("cpu"), batch_size=2))
 
     def evaluated(on: bool) -> float:
-        flags = SimpleNamespace(eod_mask_loss=on, reset_position_ids=on, reset_attention_mask=on)
+        flags = DocumentArgs(eod_mask_loss=on, reset_position_ids=on, reset_attention_mask=on)
         run = SimpleNamespace(strategy=strategy, device=torch.device("cpu"), precision="fp32",
-                              eod=EOD if on else None, cfg=SimpleNamespace(data=flags))
+                              eod=EOD if on else None, cfg=SimpleNamespace(documents=flags))
         return evaluate(run, rows)[0]
 
     text = torch.stack(rows)

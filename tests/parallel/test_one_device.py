@@ -32,6 +32,7 @@ from gpt2forge.parallel.distributed import (
     shard_model,
     shutdown,
 )
+from gpt2forge.parallel.topology import ParallelArgs
 
 STEP = re.compile(r"^(step \d+ of epoch \d+, loss: \S+, acc: \S+, lr: \S+),.* grad norm: (\S+)$")
 
@@ -83,13 +84,14 @@ def test_contradicting_offload_flags_are_one_line_naming_both(flags):
 
 def test_zero_stage_follows_the_offload():
     one = DistEnv()
-    assert requested_zero_stage(None, False, "full") == 3
-    assert resolve_zero_stage(None, False, one, "full") == 3  # FSDP2 over a world of one
-    assert resolve_zero_stage(2, False, one, "full") == 2
-    assert resolve_zero_stage(3, False, one, "optimizer") == 0  # one process without full offload: nothing to shard
-    assert resolve_zero_stage(3, False, DistEnv(0, 0, 2), "none") == 3
+    assert requested_zero_stage(ParallelArgs(), "full") == 3
+    assert resolve_zero_stage(ParallelArgs(), one, "full") == 3  # FSDP2 over a world of one
+    assert resolve_zero_stage(ParallelArgs(zero_stage=2), one, "full") == 2
+    # one process without full offload: nothing to shard
+    assert resolve_zero_stage(ParallelArgs(zero_stage=3), one, "optimizer") == 0
+    assert resolve_zero_stage(ParallelArgs(zero_stage=3), DistEnv(0, 0, 2), "none") == 3
     with pytest.raises(UsageError, match="--offload full .* needs --zero-stage 2 or 3, not --zero-stage 1"):
-        requested_zero_stage(1, False, "full")
+        requested_zero_stage(ParallelArgs(zero_stage=1), "full")
 
 
 def test_full_offload_in_one_process_equals_a_plain_run_and_resumes_in_any_layout(tiny_config, tmp_path, capsys):
