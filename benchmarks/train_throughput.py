@@ -155,7 +155,7 @@ def _build_ours(args, device, precision, cfg, model):
     optimizer = build_optimizer(model, tcfg.optim.optimizer, tcfg.optim.learning_rate, tcfg.optim.weight_decay,
                                 device_type=device.type)
     scheduler = build_lr_schedule(optimizer, tcfg.optim.lr_schedule, 1_000_000, 0)
-    scaler = LossScaler(precision == "fp16", tcfg.runtime.loss_scaling, tcfg.runtime.auto_loss_scaling)
+    scaler = LossScaler(precision == "fp16", tcfg.loss_scale.loss_scaling, tcfg.loss_scale.auto_loss_scaling)
     strategy = DataParallelStrategy(model, ParallelRequest(device, compile_mode=tcfg.runtime.torch_compile,
                                                    batch_size=tcfg.parallel.batch_size))  # one process, compiled
     run = Run(tcfg, strategy, optimizer, scheduler, scaler, device, precision, 1)
