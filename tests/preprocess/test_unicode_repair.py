@@ -57,6 +57,7 @@ def test_the_mojibake_regex_is_understood():
 def test_lines_take_the_path_their_characters_allow(monkeypatch, line, light):
     seen = []
     real = ftfy.fix_and_explain
-    monkeypatch.setattr(unicode_repair.ftfy, "fix_and_explain", lambda text, config: seen.append(config) or real(text, config))
+    monkeypatch.setattr(unicode_repair.ftfy, "fix_and_explain",
+                        lambda text, config: seen.append(config) or real(text, config))
     assert unicode_repair.fix_text(line) == ftfy.fix_text(line)
     assert (seen[0].fix_encoding is False) == light
