@@ -104,6 +104,9 @@ def _seconds_to_send(a: netns.Node, b: netns.Node) -> float:
 def test_close_kills_what_runs_on_the_nodes_and_removes_everything(cluster):
     c = cluster(2)
     sleeper = c.nodes[1].popen(["sleep", "600"])
+    deadline = time.monotonic() + 10  # the node's start-up runs `hostname` as a child before exec'ing sleep
+    while c.pids(c.nodes[1]) != [sleeper.pid] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert c.pids(c.nodes[1]) == [sleeper.pid]
     names = [n.namespace for n in c.nodes] + [c.bridge]
     c.close()
