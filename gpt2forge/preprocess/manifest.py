@@ -97,7 +97,7 @@ class Manifest:
 
     `order` names the stages in the order they run (re-running one drops the records after it);
     `may_empty`: a stage may keep no document (a shard task's part can be all boilerplate), where
-        otherwise that stops the run with a UsageError.
+    otherwise that stops the run with a UsageError.
     """
 
     def __init__(self, out_dir: Path, settings: dict, overwrite: bool, order: tuple[str, ...],
