@@ -96,7 +96,7 @@ def run_ours(path: str, out: str, bands: int = 10) -> dict:
     from gpt2forge.preprocess.dedup import fingerprint_files, near_duplicates
     from gpt2forge.preprocess.minhash import MinHashParams
     fp = fingerprint_files([(path, "id")], MinHashParams(bands=bands), workers=0, progress=False)
-    removed, _ = near_duplicates(fp, workers=0, progress=False)
+    removed = near_duplicates(fp, workers=0, progress=False).removed
     return {"removed": [k for k, r in zip(fp.keys, removed) if r]}
 
 

@@ -12,7 +12,10 @@ Two passes over the input, memory bounded by the signatures, never by the texts:
    bytes per document), `verify_pairs` re-reads only the candidate documents, by seeking to their
    lines (an index of 8 bytes per line), in batches under `budget_chars` of text, and computes their
    exact Jaccard similarity on worker processes; pairs above the threshold are grouped with
-   union-find. A subset of the documents (`rows`: those exact dedup kept) is compared without
+   union-find. `near_duplicates` compares the strongest MinHash estimates first and skips a pair
+   whose documents are already in one group, so a group of k near copies costs about k comparisons,
+   however many candidate pairs join them (up to one a band for each copy at the default
+   `heuristic_iter`, k^2 / 2 with -1). A subset of the documents (`rows`: those exact dedup kept) is compared without
    copying its fingerprints.
 
 Which document is kept: the first in input order (loaded fingerprints come before the inputs), so
@@ -293,63 +296,125 @@ def read_texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
     return TextReader(fp).read(wanted)
 
 
-def _verify_group(task: tuple) -> list[tuple[int, float]]:
-    """(other, similarity) for a main text against its candidates (worker side)."""
-    main_text, others, mode = task
-    main = _HASHER.shingles(main_text)
-    return [(j, jaccard(main, _HASHER.shingles(t), mode)) for j, t in others]
+def _verify_group(task: tuple) -> tuple[int, list[tuple[int, float]]]:
+    """(main, [(other, similarity)]) for a main text against its candidates (worker side)."""
+    main, main_text, others, mode = task
+    shingles = _HASHER.shingles(main_text)
+    return main, [(j, jaccard(shingles, _HASHER.shingles(t), mode)) for j, t in others]
 
 
 def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", threshold: float = 0.5,
-                 workers: int = 1, budget_chars: int = 1 << 26, progress: bool = True) -> list[tuple[int, int, float]]:
-    """(main, other, exact Jaccard) for the candidate `pairs` whose similarity is above `threshold`.
+                 workers: int = 1, budget_chars: int = 1 << 26, progress: bool = True,
+                 groups: Groups | None = None) -> list[tuple[int, int, float]]:
+    """(main, other, exact Jaccard) for the candidate `pairs` whose similarity is above `threshold`,
+    sorted.
 
     Texts are re-read in batches of pairs whose documents total at most `budget_chars` characters
     (a document in several batches is read once for each): memory holds one batch's texts, however
-    many candidates there are.
+    many candidates there are. With `groups`, each pair found joins its documents' groups, and a
+    pair whose documents are already in one group when it is reached (when its batch is made, and
+    again when its main's comparisons are handed to a worker) is not compared: it could not change
+    any group. So the near copies of one document are not compared with each other once each has
+    joined the original's group.
     """
     kept: list[tuple[int, int, float]] = []
     reader = TextReader(fp)
+
+    def tasks(batch: np.ndarray, texts: dict[int, str]) -> Iterator[tuple]:
+        mains, starts = np.unique(batch[:, 0], return_index=True)
+        bounds = np.append(starts, len(batch))
+        for m, a, b in zip(mains.tolist(), bounds[:-1].tolist(), bounds[1:].tolist()):
+            others = batch[a:b, 1].tolist()
+            if groups is not None:  # made lazily: the results of the tasks before it have joined
+                others = [j for j in others if groups.apart(m, j)]
+                groups.compared += len(others)
+            if others:
+                yield m, texts[m], [(j, texts[j]) for j in others], mode
+
     with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
-        for lo, hi in _batches(fp, pairs, budget_chars):
-            batch = pairs[lo:hi]
-            texts = reader.read(np.unique(batch))
-            mains, starts = np.unique(batch[:, 0], return_index=True)
-            bounds = np.append(starts, len(batch))
-            tasks = ((texts[m], [(j, texts[j]) for j in batch[a:b, 1].tolist()], mode)
-                     for m, a, b in zip(mains.tolist(), bounds[:-1], bounds[1:]))
-            for m, result in zip(mains.tolist(), ordered_map(_verify_group, tasks, workers, _init, (fp.params,))):
-                kept.extend((m, j, sim) for j, sim in result if sim > threshold)
-                bar.update(len(result))
-    return kept
+        for batch, looked_at in _batches(fp, pairs, budget_chars, groups):
+            if len(batch):
+                batch = batch[np.lexsort((batch[:, 1], batch[:, 0]))]  # each main's candidates together
+                texts = reader.read(np.unique(batch))
+                for m, result in ordered_map(_verify_group, tasks(batch, texts), workers, _init, (fp.params,),
+                                                     steady=groups is not None):
+                    for j, sim in result:
+                        if sim > threshold:
+                            kept.append((m, j, sim))
+                            if groups is not None:
+                                groups.join(m, j)
+            bar.update(looked_at)
+    return sorted(kept)
 
 
-def _batches(fp: Fingerprints, pairs: np.ndarray, budget_chars: int) -> Iterator[tuple[int, int]]:
-    """[lo, hi) ranges of `pairs` whose documents total at most `budget_chars` (at least one pair each)."""
-    need = np.cumsum(fp.chars[pairs[:, 0]] + fp.chars[pairs[:, 1]])  # counts a shared main twice: safe
-    lo = 0
+def _batches(fp: Fingerprints, pairs: np.ndarray, budget_chars: int,
+             groups: Groups | None = None) -> Iterator[tuple[np.ndarray, int]]:
+    """(batch, pairs looked at) in order: each batch's documents total at most `budget_chars` (at
+    least one pair each). With `groups`, pairs already in one group are left out of the batch when it
+    is made (after the previous batch's pairs have joined), and a batch may be empty."""
+    need = fp.chars[pairs[:, 0]] + fp.chars[pairs[:, 1]]  # counts a shared main twice: safe
+    if groups is None:
+        total = np.cumsum(need)
+        lo = 0
+        while lo < len(pairs):
+            before = int(total[lo - 1]) if lo else 0
+            hi = max(lo + 1, int(np.searchsorted(total, before + budget_chars, side="right")))
+            yield pairs[lo:hi], hi - lo
+            lo = hi
+        return
+    lo, sizes = 0, need.tolist()
     while lo < len(pairs):
-        before = int(need[lo - 1]) if lo else 0
-        hi = max(lo + 1, int(np.searchsorted(need, before + budget_chars, side="right")))
-        yield lo, hi
-        lo = hi
+        take, held, i = [], 0, lo
+        for a, b in pairs[lo:].tolist():  # a Python loop: ~1 us a pair, against ~1 ms to compare one
+            if take and held + sizes[i] > budget_chars:
+                break
+            if groups.apart(a, b):
+                take.append(i)
+                held += sizes[i]
+            i += 1
+        yield pairs[take], i - lo
+        lo = i
 
 
-def group_duplicates(n: int, pairs: list[tuple[int, int, float]] | np.ndarray) -> np.ndarray:
-    """(n,) int64 union-find labels: each document's group is named by its first member (input order)."""
-    parent = np.arange(n)
+class Groups:
+    """Union-find over n documents: each group is named by its first member (input order)."""
 
-    def root(i: int) -> int:
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+        self.compared = 0
+        """Pairs compared exactly while these groups were made (`verify_pairs` counts them)."""
+
+    def root(self, i: int) -> int:
+        parent = self.parent
         while parent[i] != i:
             parent[i] = parent[parent[i]]  # path halving
             i = parent[i]
         return i
 
-    for i, j, *_ in pairs:
-        ri, rj = root(int(i)), root(int(j))
+    def apart(self, i: int, j: int) -> bool:
+        return self.root(i) != self.root(j)
+
+    def join(self, i: int, j: int) -> None:
+        ri, rj = self.root(i), self.root(j)
         if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)  # the earlier document names the group
-    return np.array([root(i) for i in range(n)], dtype=np.int64)
+            self.parent[max(ri, rj)] = min(ri, rj)  # the earlier document names the group
+
+    def labels(self) -> np.ndarray:
+        """(n,) int64: each document's group name."""
+        labels = np.array(self.parent, dtype=np.int64)
+        while True:  # pointer jumping: every document's parent becomes its root
+            up = labels[labels]
+            if np.array_equal(up, labels):
+                return labels
+            labels = up
+
+
+def group_duplicates(n: int, pairs: list[tuple[int, int, float]] | np.ndarray) -> np.ndarray:
+    """(n,) int64 union-find labels: each document's group is named by its first member (input order)."""
+    groups = Groups(n)
+    for i, j, *_ in pairs:
+        groups.join(int(i), int(j))
+    return groups.labels()
 
 
 ESTIMATE_MARGIN = 0.2
@@ -377,15 +442,34 @@ def likely_pairs(fp: Fingerprints, pairs: np.ndarray, mode: str, threshold: floa
     return pairs[estimated_jaccard(fp, pairs) >= threshold - ESTIMATE_MARGIN]
 
 
+@dataclasses.dataclass
+class NearDuplicates:
+    """What `near_duplicates` found."""
+
+    removed: np.ndarray
+    """(N,) bool: every document but the first of its group."""
+    pairs: list[tuple[int, int, float]]
+    """(main, other, exact Jaccard) of the pairs compared and found above the threshold, sorted."""
+    candidates: int
+    """LSH candidate pairs worth comparing (MinHash estimate near the threshold or above)."""
+    compared: int
+    """Of them, those compared exactly: the others were already in one group when reached (how many
+    depends on `workers`, which sets how far ahead of the results comparisons are handed out)."""
+
+
 def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float = 0.5, heuristic_iter: int = 1,
-                    workers: int = 1, progress: bool = True,
-                    rows: np.ndarray | None = None) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
-    """(removed mask (N,) bool, verified pairs): every document but the first of its group is removed.
-    `rows` (sorted indices): only these documents are compared (the others are never removed)."""
+                    workers: int = 1, progress: bool = True, rows: np.ndarray | None = None) -> NearDuplicates:
+    """Groups of near duplicates: LSH candidates, compared exactly, strongest estimate first, so that
+    a group's members join it through their closest pairs and the pairs among them are not compared
+    (the groups, and so the documents removed, are those of comparing every candidate: a pair inside
+    one group cannot change them). `rows` (sorted indices): only these documents are compared (the
+    others are never removed)."""
     candidates = candidate_pairs(fp, heuristic_iter, lambda pairs: likely_pairs(fp, pairs, mode, threshold), rows)
-    pairs = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress)
-    labels = group_duplicates(len(fp), pairs)
-    return labels != np.arange(len(fp)), pairs
+    candidates = candidates[np.argsort(-estimated_jaccard(fp, candidates), kind="stable")]
+    groups = Groups(len(fp))
+    pairs = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress,
+                         groups=groups)
+    return NearDuplicates(groups.labels() != np.arange(len(fp)), pairs, len(candidates), groups.compared)
 
 
 def write_kept(fp: Fingerprints, removed: np.ndarray, output: str | Path) -> tuple[int, int]:

@@ -181,14 +181,18 @@ def encode_chunks(chunks: Iterable[Chunk], spec: TokenizerSpec, *, workers: int,
     yield from ordered_map(_encode, chunks, workers, _init, (spec, job))
 
 
-def ordered_map(fn, tasks: Iterable, workers: int, initializer=None, initargs: tuple = ()) -> Iterator:
+def ordered_map(fn, tasks: Iterable, workers: int, initializer=None, initargs: tuple = (), *,
+                steady: bool = False) -> Iterator:
     """`fn(task)` for each of `tasks`, yielded in task order, on `workers` forked processes.
 
     `workers` <= 0 runs in this process (after `initializer(*initargs)`, when given). `fn` is a
     module-level function; a worker runs `initializer(*initargs)` once when it starts. At most
     `2 * workers + 2` tasks are in flight, so `tasks` is read only as far ahead as the workers keep
     up (not `pool.imap`, whose feeder thread would read the whole input ahead): memory stays bounded
-    whatever the input size, and the results do not depend on `workers`.
+    whatever the input size, and the results do not depend on `workers`. `steady`: a result is
+    yielded only once that many tasks are in flight, never as soon as it is ready, so which results
+    have been yielded when a task is drawn depends on `workers` alone, not on timing (for `tasks`
+    that read what the results change).
     """
     if workers <= 0:
         if initializer is not None:
@@ -199,7 +203,7 @@ def ordered_map(fn, tasks: Iterable, workers: int, initializer=None, initargs: t
         pending: deque = deque()
         for task in tasks:
             pending.append(pool.apply_async(fn, (task,)))
-            while len(pending) > 2 * workers + 2 or (pending and pending[0].ready()):
+            while len(pending) > 2 * workers + 2 or (not steady and pending and pending[0].ready()):
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()

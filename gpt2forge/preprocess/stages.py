@@ -81,12 +81,12 @@ def near_stage(fp_path: Path, output: Path, args: argparse.Namespace) -> dict:
     """Near duplicates among the documents exact dedup kept, by row (the fingerprints' own file)."""
     fp = dedup.load_fingerprints(fp_path)
     before = dedup.exact_duplicates(fp)
-    near, pairs = dedup.near_duplicates(fp, mode=args.jaccard, threshold=args.threshold,
-                                        heuristic_iter=args.heuristic_iter, workers=args.workers, progress=True,
-                                        rows=np.flatnonzero(~before))
-    removed = before | near
+    near = dedup.near_duplicates(fp, mode=args.jaccard, threshold=args.threshold, heuristic_iter=args.heuristic_iter,
+                                 workers=args.workers, progress=True, rows=np.flatnonzero(~before))
+    removed = before | near.removed
     dedup.write_kept(fp, removed, output)
-    return _kept_record(fp, before, removed, "near_duplicate") | {"pairs": len(pairs)}
+    return _kept_record(fp, before, removed, "near_duplicate") | {
+        "candidates": near.candidates, "compared": near.compared, "pairs": len(near.pairs)}
 
 
 def decontaminate_stage(src: Path, output: Path, cfg: decontaminate.DecontaminateConfig,

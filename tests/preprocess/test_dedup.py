@@ -88,10 +88,40 @@ def test_near_dedup_recall_and_precision_on_planted_corpus(tmp_path):
     docs, groups = bench.planted_corpus(300, seed=3)
     path = write_jsonl(tmp_path / "planted.jsonl", docs)
     fp = fingerprint_files([(path, "id")], workers=0, progress=False)
-    removed, pairs = near_duplicates(fp, workers=0, progress=False)
+    found = near_duplicates(fp, workers=0, progress=False)
+    removed, pairs = found.removed, found.pairs
     recall, precision = bench.score({k for k, r in zip(fp.keys, removed) if r}, groups, len(docs))
     assert recall >= 0.85 and precision >= 0.99, (recall, precision)
     assert all(i < j and sim > 0.5 for i, j, sim in pairs)
+
+
+def test_a_group_of_k_copies_costs_about_k_comparisons_and_the_same_removals(tmp_path):
+    """k near copies of one document: with every pair a candidate (--heuristic-iter -1) there are
+    ~k^2 / 2 candidates, but pairs inside a group already made are not compared, so the comparisons
+    grow as k; the documents removed are those of comparing every candidate."""
+    rng = np.random.default_rng(5)
+    vocab = [f"w{i}" for i in range(3000)]
+    base = [vocab[i] for i in rng.integers(0, len(vocab), 500)]
+    docs = [{"id": "other", "text": " ".join(vocab[i] for i in rng.integers(0, len(vocab), 500))}]
+    for c in range(41):
+        words = list(base)
+        for at in rng.choice(len(words), 0 if c == 0 else 8, replace=False):
+            words[at] = vocab[int(rng.integers(len(vocab)))]
+        docs.append({"id": f"copy{c}", "text": " ".join(words)})
+    fp = fingerprint_files([(write_jsonl(tmp_path / "c.jsonl", docs), "id")], workers=0, progress=False)
+    compared = {}
+    for k in (10, 40):
+        rows = np.arange(k + 2)
+        found = near_duplicates(fp, workers=0, progress=False, heuristic_iter=-1, rows=rows)
+        every = dedup.verify_pairs(fp, candidate_pairs(fp, -1, rows=rows), workers=0, progress=False)
+        assert np.array_equal(found.removed[rows], group_duplicates(len(fp), every)[rows] != rows)
+        assert found.removed[2:k + 2].all() and not found.removed[:2].any()
+        assert found.candidates >= k * (k + 1) / 2 * 0.9, found.candidates  # nearly every pair
+        compared[k] = found.compared
+        parallel = near_duplicates(fp, workers=2, progress=False, heuristic_iter=-1, rows=rows)
+        assert np.array_equal(parallel.removed, found.removed)  # workers hand out a few tasks ahead: more compared
+        assert found.compared <= parallel.compared <= found.candidates * (1 if k == 10 else 0.5)
+    assert compared[10] <= 12 and compared[40] <= 4 * compared[10], compared
 
 
 def test_group_duplicates_keeps_the_first_member():
@@ -239,7 +269,8 @@ def test_word_shingles(tmp_path):
     path = write_jsonl(tmp_path / "c.jsonl", [{"text": "one two three four five six " * 20, "url": "a"},
                                               {"text": "one two three four five six " * 20 + "seven", "url": "b"}])
     fp = fingerprint_files([(path, "url")], params, workers=0, progress=False)
-    removed, pairs = near_duplicates(fp, workers=0, progress=False)
+    found = near_duplicates(fp, workers=0, progress=False)
+    removed, pairs = found.removed, found.pairs
     assert removed.tolist() == [False, True] and pairs[0][:2] == (0, 1)
 
 
@@ -301,7 +332,8 @@ def test_near_duplicates_of_some_rows_equal_those_of_a_copy_of_them(tmp_path):
     rows = np.flatnonzero(np.arange(len(fp)) % 3 != 1)
     copy = dedup.Fingerprints(fp.params, fp.sources, [fp.keys[i] for i in rows], fp.signatures[rows],
                               fp.exact[rows], fp.source[rows], fp.line[rows], fp.chars[rows])
-    removed, pairs = near_duplicates(fp, workers=0, progress=False, rows=rows)
-    removed_copy, pairs_copy = near_duplicates(copy, workers=0, progress=False)
+    found, found_copy = near_duplicates(fp, workers=0, progress=False, rows=rows), near_duplicates(
+        copy, workers=0, progress=False)
+    removed, pairs, removed_copy, pairs_copy = found.removed, found.pairs, found_copy.removed, found_copy.pairs
     assert pairs and [(rows[i], rows[j], s) for i, j, s in pairs_copy] == pairs
     assert np.array_equal(np.flatnonzero(removed), rows[removed_copy]) and not removed[np.arange(1, len(fp), 3)].any()
