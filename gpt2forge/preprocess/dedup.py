@@ -42,7 +42,15 @@ from gpt2forge.core.errors import UsageError
 from gpt2forge.core.json_lines import json_object
 from gpt2forge.preprocess.engine import ordered_map
 from gpt2forge.preprocess.jsonl import atomic_jsonl, line_starts, read_documents
-from gpt2forge.preprocess.minhash import MinHasher, MinHashParams, exact_hash, jaccard
+from gpt2forge.preprocess.minhash import (
+    MinHasher,
+    MinHashParams,
+    exact_hash,
+    jaccard,
+    sample,
+    sample_decides,
+    unique_hashes,
+)
 
 FORMAT = "gpt2forge-minhash-fingerprints"
 VERSION = 1
@@ -297,17 +305,30 @@ def read_texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
 
 
 def _verify_group(task: tuple) -> tuple[int, list[tuple[int, float]]]:
-    """(main, [(other, similarity)]) for a main text against its candidates (worker side)."""
-    main, main_text, others, mode = task
-    shingles = _HASHER.shingles(main_text)
-    return main, [(j, jaccard(shingles, _HASHER.shingles(t), mode)) for j, t in others]
+    """(main, [(other, similarity)]) for a main text against its candidates (worker side): the exact
+    Jaccard, or with `sampled` (union mode) the samples' Jaccard where it decides
+    (`minhash.sample_decides`)."""
+    main, main_text, others, mode, threshold, sampled = task
+    hashes = _HASHER.all_shingles(main_text)
+    main_sample = sample(hashes) if sampled and mode == "union" else None
+    main_set, out = None, []
+    for j, text in others:
+        other = _HASHER.all_shingles(text)
+        sim = None if main_sample is None else sample_decides(main_sample, sample(other), threshold)
+        if sim is None:
+            if main_set is None:
+                main_set = unique_hashes(hashes)
+            sim = jaccard(main_set, unique_hashes(other), mode)
+        out.append((j, sim))
+    return main, out
 
 
 def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", threshold: float = 0.5,
                  workers: int = 1, budget_chars: int = 1 << 26, progress: bool = True,
-                 groups: Groups | None = None) -> list[tuple[int, int, float]]:
+                 groups: Groups | None = None, sampled: bool = False) -> list[tuple[int, int, float]]:
     """(main, other, exact Jaccard) for the candidate `pairs` whose similarity is above `threshold`,
-    sorted.
+    sorted. `sampled` (union mode): a pair whose 1-in-16 shingle samples put it far from the
+    threshold is decided on them, and its similarity is the samples' (`minhash.sample_decides`).
 
     Texts are re-read in batches of pairs whose documents total at most `budget_chars` characters
     (a document in several batches is read once for each): memory holds one batch's texts, however
@@ -329,7 +350,7 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
                 others = [j for j in others if groups.apart(m, j)]
                 groups.compared += len(others)
             if others:
-                yield m, texts[m], [(j, texts[j]) for j in others], mode
+                yield m, texts[m], [(j, texts[j]) for j in others], mode, threshold, sampled
 
     with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
         for batch, looked_at in _batches(fp, pairs, budget_chars, groups):
@@ -362,13 +383,13 @@ def _batches(fp: Fingerprints, pairs: np.ndarray, budget_chars: int,
             yield pairs[lo:hi], hi - lo
             lo = hi
         return
-    lo, sizes = 0, need.tolist()
+    lo, sizes, listed = 0, need.tolist(), pairs.tolist()
     while lo < len(pairs):
         take, held, i = [], 0, lo
-        for a, b in pairs[lo:].tolist():  # a Python loop: ~1 us a pair, against ~1 ms to compare one
+        while i < len(listed):  # a Python loop: ~1 us a pair, against ~1 ms to compare one
             if take and held + sizes[i] > budget_chars:
                 break
-            if groups.apart(a, b):
+            if groups.apart(*listed[i]):
                 take.append(i)
                 held += sizes[i]
             i += 1
@@ -449,12 +470,13 @@ class NearDuplicates:
     removed: np.ndarray
     """(N,) bool: every document but the first of its group."""
     pairs: list[tuple[int, int, float]]
-    """(main, other, exact Jaccard) of the pairs compared and found above the threshold, sorted."""
+    """(main, other, Jaccard) of the pairs compared and found above the threshold, sorted: the exact
+    Jaccard, or the shingle samples' where they decided (`minhash.sample_decides`)."""
     candidates: int
     """LSH candidate pairs worth comparing (MinHash estimate near the threshold or above)."""
     compared: int
-    """Of them, those compared exactly: the others were already in one group when reached (how many
-    depends on `workers`, which sets how far ahead of the results comparisons are handed out)."""
+    """Of them, those compared: the others were already in one group when reached (how many depends
+    on `workers`, which sets how far ahead of the results comparisons are handed out)."""
 
 
 def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float = 0.5, heuristic_iter: int = 1,
@@ -468,7 +490,7 @@ def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float =
     candidates = candidates[np.argsort(-estimated_jaccard(fp, candidates), kind="stable")]
     groups = Groups(len(fp))
     pairs = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress,
-                         groups=groups)
+                         groups=groups, sampled=True)
     return NearDuplicates(groups.labels() != np.arange(len(fp)), pairs, len(candidates), groups.compared)
 
 

@@ -111,6 +111,11 @@ def _rolling(units: np.ndarray, n: int) -> np.ndarray:
 
 def shingle_hashes(text: str, shingle: str = "chars", ngram: int = 5) -> np.ndarray:
     """The sorted unique 64-bit hashes of the shingles of `normalize_text(text)` (may be empty)."""
+    return unique_hashes(all_shingle_hashes(text, shingle, ngram))
+
+
+def all_shingle_hashes(text: str, shingle: str = "chars", ngram: int = 5) -> np.ndarray:
+    """The 64-bit hash of each shingle of `normalize_text(text)`, in text order, repeats included."""
     norm = normalize_text(text)
     if not norm:
         return np.zeros(0, dtype=np.uint64)
@@ -119,11 +124,50 @@ def shingle_hashes(text: str, shingle: str = "chars", ngram: int = 5) -> np.ndar
     else:
         units = np.fromiter((_word_hash(w) for w in norm.split(" ")), dtype=np.uint64)
     with np.errstate(over="ignore"):
-        hashes = np.sort(_mix(_rolling(units, ngram)))
+        return _mix(_rolling(units, ngram))
+
+
+def unique_hashes(hashes: np.ndarray) -> np.ndarray:
+    """Sorted unique values of `hashes` (a new array)."""
+    if hashes.size == 0:
+        return hashes.copy()
+    hashes = np.sort(hashes)
     keep = np.empty(hashes.size, dtype=bool)  # sort + neighbour test: several times faster than np.unique
     keep[0] = True
     np.not_equal(hashes[1:], hashes[:-1], out=keep[1:])
     return hashes[keep]
+
+
+SAMPLE_MASK = np.uint64(15)
+"""A shingle hash is in a document's sample when its low 4 bits are 0: 1 shingle in 16, the same
+shingles in every document (the hashes are mixed, so any bits are as good)."""
+SAMPLE_MIN = 400
+"""Fewest sampled shingles (the union of two samples) on which `sample_decides` decides."""
+SAMPLE_SIGMAS = 6.0
+"""How many standard deviations from the threshold a sample's Jaccard must be to decide."""
+
+
+def sample(hashes: np.ndarray) -> np.ndarray:
+    """The sorted unique shingle hashes of `hashes` (any order, repeats allowed) in the sample."""
+    return unique_hashes(hashes[(hashes & SAMPLE_MASK) == 0])
+
+
+def sample_decides(sample_a: np.ndarray, sample_b: np.ndarray, threshold: float) -> float | None:
+    """The Jaccard of two documents' samples when it shows on which side of `threshold` their union
+    Jaccard lies, else None (compare them whole).
+
+    The shared shingles in the sample are a binomial draw from those of the two documents: on n
+    sampled shingles the sample's Jaccard has standard deviation sqrt(J(1-J)/n) <= 0.5 / sqrt(n).
+    It decides only on at least SAMPLE_MIN shingles (two documents of about 3,000 characters) and
+    SAMPLE_SIGMAS from the threshold (a pair is put on the wrong side with probability under 1e-9):
+    long documents cost a sixteenth of a sort each, not a whole one, unless they are near the
+    threshold."""
+    inter = jaccard_counts(sample_a, sample_b)
+    n = sample_a.size + sample_b.size - inter
+    if n < SAMPLE_MIN:
+        return None
+    estimate = inter / n
+    return estimate if abs(estimate - threshold) > SAMPLE_SIGMAS * 0.5 / np.sqrt(n) else None
 
 
 class MinHasher:
@@ -140,6 +184,9 @@ class MinHasher:
 
     def shingles(self, text: str) -> np.ndarray:
         return shingle_hashes(text, self.params.shingle, self.params.ngram)
+
+    def all_shingles(self, text: str) -> np.ndarray:
+        return all_shingle_hashes(text, self.params.shingle, self.params.ngram)
 
     def signature(self, hashes: np.ndarray) -> np.ndarray:
         """(num_perm,) uint32: the minimum of each hash function over the shingle hashes.
@@ -171,15 +218,22 @@ def jaccard(a: np.ndarray, b: np.ndarray, mode: str = "union") -> float:
     the smaller (min) or larger (max) set, as the seed's --jaccard. 0.0 if either is empty."""
     if a.size == 0 or b.size == 0:
         return 0.0
-    small, large = (a, b) if a.size <= b.size else (b, a)
-    at = np.searchsorted(large, small)  # both sorted: where each of the smaller set would be (3x intersect1d)
-    np.minimum(at, large.size - 1, out=at)
-    inter = int(np.count_nonzero(large[at] == small))
+    inter = jaccard_counts(a, b)
     if mode == "min":
         return inter / min(a.size, b.size)
     if mode == "max":
         return inter / max(a.size, b.size)
     return inter / (a.size + b.size - inter)
+
+
+def jaccard_counts(a: np.ndarray, b: np.ndarray) -> int:
+    """|A&B| of two sorted unique arrays."""
+    if a.size == 0 or b.size == 0:
+        return 0
+    small, large = (a, b) if a.size <= b.size else (b, a)
+    at = np.searchsorted(large, small)  # where each of the smaller set would be: 3x intersect1d
+    np.minimum(at, large.size - 1, out=at)
+    return int(np.count_nonzero(large[at] == small))
 
 
 def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:

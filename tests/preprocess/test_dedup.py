@@ -11,7 +11,7 @@ import pytest
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.json_lines import json_object
-from gpt2forge.preprocess import dedup
+from gpt2forge.preprocess import dedup, minhash
 from gpt2forge.preprocess.dedup import (
     candidate_pairs,
     exact_duplicates,
@@ -74,6 +74,34 @@ def test_jaccard_modes():
     a, b = np.array([1, 2, 3, 4], np.uint64), np.array([3, 4, 5], np.uint64)
     assert (jaccard(a, b, "union"), jaccard(a, b, "min"), jaccard(a, b, "max")) == (2 / 5, 2 / 3, 2 / 4)
     assert jaccard(a, np.zeros(0, np.uint64)) == 0.0
+
+
+def test_a_sample_decides_only_pairs_far_from_the_threshold_and_on_their_side():
+    """`sample_decides` on 1-in-16 samples, 300 pairs from Jaccard 0.2 to 0.95 of 2,000-25,000
+    shingles: every pair it decides is on the side of the threshold its exact Jaccard is; pairs far
+    from it are decided, pairs within 0.01 of it never; fewer than SAMPLE_MIN shingles never."""
+    rng = np.random.default_rng(7)
+
+    def pair(size: int, j: float) -> tuple[np.ndarray, np.ndarray]:
+        shared = int(round(2 * size * j / (1 + j)))  # |A&B| for |A| = |B| = size at Jaccard j
+        pool = rng.integers(0, 2**64 - 1, 2 * size, dtype=np.uint64, endpoint=True)
+        return np.unique(pool[:size]), np.unique(np.concatenate([pool[:shared], pool[size:2 * size - shared]]))
+
+    decided = []
+    for j in np.linspace(0.2, 0.95, 300):
+        a, b = pair(int(rng.integers(2_000, 25_000)), float(j))
+        sim = minhash.sample_decides(minhash.sample(a), minhash.sample(b), 0.5)
+        if sim is not None:
+            assert (sim > 0.5) == (jaccard(a, b) > 0.5), (j, sim)
+            decided.append(j)
+        if abs(j - 0.5) < 0.01:
+            assert sim is None
+    assert min(decided) < 0.3 and max(decided) > 0.9 and len(decided) > 150, len(decided)
+    for j in (0.25, 0.9):
+        a, b = pair(60_000, j)
+        assert minhash.sample_decides(minhash.sample(a), minhash.sample(b), 0.5) == pytest.approx(j, abs=0.05)
+    a, b = pair(2_000, 0.0)  # ~250 sampled: too few to decide
+    assert minhash.sample_decides(minhash.sample(a), minhash.sample(b), 0.5) is None
 
 
 def test_near_dedup_recall_and_precision_on_planted_corpus(tmp_path):
