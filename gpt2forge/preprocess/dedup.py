@@ -41,7 +41,7 @@ from gpt2forge.core.atomic import atomic_file
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.json_lines import json_object
 from gpt2forge.preprocess.engine import ordered_map
-from gpt2forge.preprocess.jsonl import atomic_jsonl, line_starts, read_documents
+from gpt2forge.preprocess.jsonl import line_starts, read_documents
 from gpt2forge.preprocess.minhash import (
     MinHasher,
     MinHashParams,
@@ -267,14 +267,15 @@ def candidate_pairs(fp: Fingerprints, heuristic_iter: int = 1, keep: Callable[[n
 class TextReader:
     """Re-reads documents' texts from their files by seeking to their lines: one index of line
     offsets per file (8 bytes per line, made on first use), then one line read per document, so a
-    batch costs its own documents, not a pass over the file."""
+    batch costs its own documents, not a pass over the file. `locate` says where a document is, for
+    a worker process to read it there (`read_at`)."""
 
     def __init__(self, fp: Fingerprints) -> None:
         self.fp, self._starts = fp, {}
 
-    def read(self, wanted: np.ndarray) -> dict[int, str]:
-        """{document index: text} for the `wanted` indices."""
-        fp, texts = self.fp, {}
+    def locate(self, wanted: np.ndarray) -> dict[int, tuple[str, int, str, int]]:
+        """{document index: (path, byte offset of its line, text key, characters)} for `wanted`."""
+        fp, found = self.fp, {}
         for s in np.unique(fp.source[wanted]).tolist():
             src = fp.sources[s]
             rows = np.sort(wanted[fp.source[wanted] == s])  # rows of one file are in line order: reads go forward
@@ -283,20 +284,49 @@ class TextReader:
                     raise UsageError(f"{src['path']}: missing, and its documents are candidate duplicates; put the "
                                      "file back there or next to its fingerprint file")
                 self._starts[s] = line_starts(src["path"])
-            starts = self._starts[s]
-            changed = UsageError(f"{src['path']}: changed since it was fingerprinted; re-run find_duplicates.py "
-                                 "on it with --overwrite")
-            with open(src["path"], "rb") as f:
-                for i, line in zip(rows.tolist(), fp.line[rows].tolist()):
-                    if line > len(starts):
-                        raise changed
-                    f.seek(int(starts[line - 1]))
-                    problem, obj = json_object(f.readline())
-                    text = None if problem else obj.get(src["text_key"])
-                    if not isinstance(text, str) or len(text) != fp.chars[i]:
-                        raise changed
-                    texts[i] = text
-        return texts
+            starts, lines = self._starts[s], fp.line[rows]
+            if len(lines) and int(lines.max()) > len(starts):
+                raise _changed(src["path"])
+            for i, at, chars in zip(rows.tolist(), starts[lines - 1].tolist(), fp.chars[rows].tolist()):
+                found[i] = (src["path"], at, src["text_key"], chars)
+        return found
+
+    def read(self, wanted: np.ndarray) -> dict[int, str]:
+        """{document index: text} for the `wanted` indices."""
+        with _OpenFiles() as files:
+            return {i: read_at(where, files) for i, where in self.locate(wanted).items()}
+
+
+def _changed(path: str) -> UsageError:
+    return UsageError(f"{path}: changed since it was fingerprinted; re-run find_duplicates.py on it with --overwrite")
+
+
+class _OpenFiles(dict):
+    """Files opened for reading as asked for (`files[path]`), closed together on exit."""
+
+    def __missing__(self, path: str):
+        f = self[path] = open(path, "rb")
+        return f
+
+    def __enter__(self) -> _OpenFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for f in self.values():
+            f.close()
+
+
+def read_at(where: tuple[str, int, str, int], files: _OpenFiles) -> str:
+    """The text of the document `TextReader.locate` placed at `where`; UsageError if the file no
+    longer holds it there."""
+    path, at, text_key, chars = where
+    f = files[path]
+    f.seek(at)
+    problem, obj = json_object(f.readline())
+    text = None if problem else obj.get(text_key)
+    if not isinstance(text, str) or len(text) != chars:
+        raise _changed(path)
+    return text
 
 
 def read_texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
@@ -305,21 +335,22 @@ def read_texts(fp: Fingerprints, wanted: np.ndarray) -> dict[int, str]:
 
 
 def _verify_group(task: tuple) -> tuple[int, list[tuple[int, float]]]:
-    """(main, [(other, similarity)]) for a main text against its candidates (worker side): the exact
-    Jaccard, or with `sampled` (union mode) the samples' Jaccard where it decides
-    (`minhash.sample_decides`)."""
-    main, main_text, others, mode, threshold, sampled = task
-    hashes = _HASHER.all_shingles(main_text)
-    main_sample = sample(hashes) if sampled and mode == "union" else None
-    main_set, out = None, []
-    for j, text in others:
-        other = _HASHER.all_shingles(text)
-        sim = None if main_sample is None else sample_decides(main_sample, sample(other), threshold)
-        if sim is None:
-            if main_set is None:
-                main_set = unique_hashes(hashes)
-            sim = jaccard(main_set, unique_hashes(other), mode)
-        out.append((j, sim))
+    """(main, [(other, similarity)]) for a main document against its candidates (worker side, which
+    reads their texts): the exact Jaccard, or with `sampled` (union mode) the samples' Jaccard where
+    it decides (`minhash.sample_decides`)."""
+    main, main_at, others, mode, threshold, sampled = task
+    with _OpenFiles() as files:
+        hashes = _HASHER.all_shingles(read_at(main_at, files))
+        main_sample = sample(hashes) if sampled and mode == "union" else None
+        main_set, out = None, []
+        for j, at in others:
+            other = _HASHER.all_shingles(read_at(at, files))
+            sim = None if main_sample is None else sample_decides(main_sample, sample(other), threshold)
+            if sim is None:
+                if main_set is None:
+                    main_set = unique_hashes(hashes)
+                sim = jaccard(main_set, unique_hashes(other), mode)
+            out.append((j, sim))
     return main, out
 
 
@@ -330,18 +361,18 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
     sorted. `sampled` (union mode): a pair whose 1-in-16 shingle samples put it far from the
     threshold is decided on them, and its similarity is the samples' (`minhash.sample_decides`).
 
-    Texts are re-read in batches of pairs whose documents total at most `budget_chars` characters
-    (a document in several batches is read once for each): memory holds one batch's texts, however
-    many candidates there are. With `groups`, each pair found joins its documents' groups, and a
-    pair whose documents are already in one group when it is reached (when its batch is made, and
-    again when its main's comparisons are handed to a worker) is not compared: it could not change
-    any group. So the near copies of one document are not compared with each other once each has
-    joined the original's group.
+    Pairs are handed out in batches whose documents total at most `budget_chars` characters; the
+    workers re-read the texts (`TextReader`), a main's with its candidates', so this process holds
+    none and a worker one main's candidates at a time, however many candidates there are. With
+    `groups`, each pair found joins its documents' groups, and a pair whose documents are already in
+    one group when it is reached (when its batch is made, and again when its main's comparisons are
+    handed to a worker) is not compared: it could not change any group. So the near copies of one
+    document are not compared with each other once each has joined the original's group.
     """
     kept: list[tuple[int, int, float]] = []
     reader = TextReader(fp)
 
-    def tasks(batch: np.ndarray, texts: dict[int, str]) -> Iterator[tuple]:
+    def tasks(batch: np.ndarray, where: dict[int, tuple]) -> Iterator[tuple]:
         mains, starts = np.unique(batch[:, 0], return_index=True)
         bounds = np.append(starts, len(batch))
         for m, a, b in zip(mains.tolist(), bounds[:-1].tolist(), bounds[1:].tolist()):
@@ -350,14 +381,14 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
                 others = [j for j in others if groups.apart(m, j)]
                 groups.compared += len(others)
             if others:
-                yield m, texts[m], [(j, texts[j]) for j in others], mode, threshold, sampled
+                yield m, where[m], [(j, where[j]) for j in others], mode, threshold, sampled
 
     with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
         for batch, looked_at in _batches(fp, pairs, budget_chars, groups):
             if len(batch):
                 batch = batch[np.lexsort((batch[:, 1], batch[:, 0]))]  # each main's candidates together
-                texts = reader.read(np.unique(batch))
-                for m, result in ordered_map(_verify_group, tasks(batch, texts), workers, _init, (fp.params,),
+                where = reader.locate(np.unique(batch))
+                for m, result in ordered_map(_verify_group, tasks(batch, where), workers, _init, (fp.params,),
                                                      steady=groups is not None):
                     for j, sim in result:
                         if sim > threshold:
@@ -497,20 +528,27 @@ def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float =
 def write_kept(fp: Fingerprints, removed: np.ndarray, output: str | Path) -> tuple[int, int]:
     """Stream the fingerprinted files into `output` (atomically) without the `removed` documents.
 
-    Returns (documents written, characters removed). Records are written back whole, in input order.
+    Returns (documents written, characters removed). Each kept document's line is copied as it is,
+    in input order, without parsing it (a line skipped as bad when fingerprinted has no row, so it
+    is not copied; a last line without a newline gets one). The stages' inputs are this tool's own
+    JSON lines, so this equals writing each parsed record back.
     """
-    written, removed_chars = 0, 0
-    with atomic_jsonl(output) as out:
+    written = 0
+    with atomic_file(output) as out:
         for s, src in enumerate(fp.sources):
             rows = np.flatnonzero(fp.source == s)  # in line order, as fingerprinted
-            lines, k = fp.line[rows], 0
-            for doc in read_documents(src["path"], src["text_key"], skip_bad_lines=True):
-                if k == len(rows) or lines[k] != doc.line:  # a line skipped as bad when fingerprinted
-                    continue
-                i, k = int(rows[k]), k + 1
-                if removed[i]:
-                    removed_chars += len(doc.text)
-                else:
-                    out.write(doc.record)
-                    written += 1
-    return written, removed_chars
+            keep = fp.line[rows[~removed[rows]]].tolist()
+            if not keep:
+                continue
+            k = 0
+            with open(src["path"], "rb") as f:
+                for n, raw in enumerate(f, start=1):
+                    if n == keep[k]:
+                        out.write(raw if raw.endswith(b"\n") else raw + b"\n")
+                        k += 1
+                        if k == len(keep):
+                            break
+            if k != len(keep):
+                raise UsageError(f"{src['path']}: changed since it was fingerprinted (shorter); re-run on it")
+            written += k
+    return written, int(fp.chars[removed].sum())

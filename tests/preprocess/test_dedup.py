@@ -319,28 +319,31 @@ def test_two_pass_recipe_matches_one_run(tmp_path):
     assert combined and combined == (tmp_path / "one.json").read_text()
 
 
-def test_verification_reads_only_each_batch_and_holds_one_batch(tmp_path, monkeypatch):
-    """Texts are re-read by seeking to their lines: the lines parsed are the batches' documents (not a
-    pass over the file per batch), and no batch holds more than its budget of text."""
+def test_verification_reads_only_the_compared_lines_a_batch_at_a_time(tmp_path, monkeypatch):
+    """Texts are re-read by seeking to their lines, where they are compared: the lines parsed are
+    each comparison's documents (not a pass over the file per batch), batches hold at most their
+    budget of text, and this process reads none of it."""
     docs, _ = bench.planted_corpus(80, dup_fraction=0.5, seed=17)
     path = write_jsonl(tmp_path / "c.jsonl", docs)
     fp = fingerprint_files([(path, "id")], workers=0, progress=False)
     pairs = candidate_pairs(fp)
     whole = dedup.verify_pairs(fp, pairs, workers=0, progress=False)
-    parsed, held = [], []
-    real_read = dedup.TextReader.read
+    parsed, held, tasks = [], [], []
+    real_locate, real_verify = dedup.TextReader.locate, dedup._verify_group
 
-    def read(self, wanted):
-        texts = real_read(self, wanted)
-        held.append((len(wanted), sum(map(len, texts.values()))))
-        return texts
+    def locate(self, wanted):
+        where = real_locate(self, wanted)
+        held.append(sum(chars for *_, chars in where.values()))
+        return where
 
     monkeypatch.setattr(dedup, "json_object", lambda raw: (parsed.append(raw), json_object(raw))[1])
-    monkeypatch.setattr(dedup.TextReader, "read", read)
+    monkeypatch.setattr(dedup.TextReader, "locate", locate)
+    monkeypatch.setattr(dedup, "_verify_group", lambda task: (tasks.append(task), real_verify(task))[1])
+    monkeypatch.setattr(dedup.TextReader, "read", None)  # nothing is read here
     budget = 2 * int(fp.chars.max())
     assert dedup.verify_pairs(fp, pairs, workers=0, budget_chars=budget, progress=False) == whole
-    assert len(held) > 2 and len(parsed) == sum(n for n, _ in held) < len(held) * len(docs)
-    assert max(chars for _, chars in held) <= budget
+    assert len(held) > 2 and max(held) <= budget
+    assert len(parsed) == sum(1 + len(others) for _, _, others, *_ in tasks) == len(tasks) + len(pairs)
 
 
 def test_verification_refuses_a_file_changed_since_fingerprinting(tmp_path):
