@@ -32,6 +32,7 @@ from gpt2forge.data.contract import (
     Reader,
     ShardedStream,
     collate,
+    data_loader,
     split_batch,
 )
 
@@ -74,6 +75,7 @@ __all__ = [
     "Reader",
     "ShardedStream",
     "collate",
+    "data_loader",
     "load_datasets",
     "split_batch",
 ]

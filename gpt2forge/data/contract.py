@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+from torch.utils.data import DataLoader, Dataset
 
+from gpt2forge.core.device import loader_workers
 from gpt2forge.core.errors import collect
 from gpt2forge.core.labels import IGNORE_INDEX
 from gpt2forge.data.args import DataArgs
@@ -235,6 +237,14 @@ def collate(samples: list[torch.Tensor]) -> torch.Tensor:
     if len(shapes) != 1 or not (len(shapes[0]) == 1 or (len(shapes[0]) == 2 and shapes[0][0] == 2)):
         raise ValueError(f"collate needs items of one shape, (max_len + 1,) or (2, max_len + 1), got {shapes}")
     return torch.stack(samples).to(torch.int64)  # (B, L) or (B, 2, L)
+
+
+def data_loader(source: Dataset, args: DataArgs, *, pin_memory: bool, **batching) -> DataLoader:
+    """A DataLoader over a split or a stream: --num-workers worker processes (at most the CPUs this
+    process may use), items stacked by `collate`, and a generator of its own, so that it never draws
+    from the global RNG. `batching`: DataLoader's `batch_size` or `batch_sampler`."""
+    return DataLoader(source, collate_fn=collate, num_workers=loader_workers(args.num_workers),
+                      pin_memory=pin_memory, generator=torch.Generator(), **batching)
 
 
 def split_batch(batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,12 +8,11 @@ import time
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset
 
 from gpt2forge.core import log
-from gpt2forge.core.device import loader_workers
 from gpt2forge.core.errors import UsageError
-from gpt2forge.data import DataRequest, DatasetSplit, EpochOrdered, ShardedStream, collate, load_datasets
+from gpt2forge.data import DataRequest, DatasetSplit, EpochOrdered, ShardedStream, data_loader, load_datasets
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.state import Progress
 from gpt2forge.train.step import Run
@@ -64,14 +63,11 @@ def epoch_updates(run: Run, dataset: Dataset, progress: Progress, steps_per_epoc
         if isinstance(dataset, ShardedStream):  # a replica's pipeline stages read the same records
             dataset.shard(run.replica.rank, run.replica.world_size)
         stream = dataset.epoch_stream(progress.epoch, B, start, group=run.accumulation)
-        loader = DataLoader(stream, batch_size=B, collate_fn=collate,
-                            num_workers=loader_workers(run.cfg.data.num_workers), pin_memory=pin,
-                            generator=torch.Generator())
+        loader = data_loader(stream, run.cfg.data, pin_memory=pin, batch_size=B)
         batches = itertools.islice(loader, steps_per_epoch * micro_per_step - start)
     else:
-        batches = DataLoader(dataset, batch_sampler=_replica_batches(run, dataset, progress, steps_per_epoch, shuffle),
-                             collate_fn=collate, num_workers=loader_workers(run.cfg.data.num_workers), pin_memory=pin,
-                             generator=torch.Generator())
+        batches = data_loader(dataset, run.cfg.data, pin_memory=pin,
+                              batch_sampler=_replica_batches(run, dataset, progress, steps_per_epoch, shuffle))
     group: list[torch.Tensor] = []
     try:
         for batch in batches:

@@ -8,6 +8,7 @@ import types
 import pytest
 import torch
 
+import gpt2forge.data.contract as contract
 import gpt2forge.train.batches as batches
 import gpt2forge.train.setup as setup
 import gpt2forge.train.trainer as trainer
@@ -133,7 +134,7 @@ def test_batches_come_pinned_and_move_without_blocking(fake_cuda, monkeypatch):
         loaders.append(kwargs)
         return [Batch(moves) for _ in kwargs["batch_sampler"]]
 
-    monkeypatch.setattr(batches, "DataLoader", data_loader)
+    monkeypatch.setattr(contract, "DataLoader", data_loader)
     cfg = types.SimpleNamespace(parallel=types.SimpleNamespace(batch_size=2, device_iterations=1),
                                 data=types.SimpleNamespace(num_workers=0, seed=0))
     run = types.SimpleNamespace(cfg=cfg, accumulation=2, device=CUDA1, replica=DistEnv())
