@@ -98,11 +98,11 @@ def _may_be_mojibake(chars: set[str], required, by_char) -> bool:
     return any(all(not s.isdisjoint(chars) for s in required[i]) for i in candidates)
 
 
-def _fix_line(line: str, config: ftfy.TextFixerConfig) -> str:
+def _fix_line(line: str, config: ftfy.TextFixerConfig, chars: set[str]) -> str:
+    """ftfy on one line whose non-plain characters are `chars`."""
     tables = _tables()
     if tables is not None:
         heavy, required, by_char, ligatures = tables
-        chars = set(NOT_PLAIN.findall(line))
         if (chars.isdisjoint(heavy) and not _may_be_mojibake(chars, required, by_char)
                 and unicodedata.is_normalized("NFC", line)):
             return ftfy.fix_and_explain(line, LIGHT_NO_LIGATURES if chars.isdisjoint(ligatures) else LIGHT_CONFIG).text
@@ -121,7 +121,8 @@ def fix_text(text: str) -> str:
         segment = text[pos:end]
         if config.unescape_html == "auto" and "<" in segment:
             config = config._replace(unescape_html=False)
-        out.append(_fix_line(segment, config) if NOT_PLAIN.search(segment) else segment)
+        chars = set(NOT_PLAIN.findall(segment))  # one scan: the test and the characters
+        out.append(_fix_line(segment, config, chars) if chars else segment)
         pos = end
     return "".join(out)
 
