@@ -26,10 +26,8 @@ builds waits for the lock (it logs that it waits), then finds the complete manif
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.digest import file_sha256
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.file_lock import exclusive
 from gpt2forge.data.indexed import exists
 from gpt2forge.text.tokenizer import HF_FILE
 from gpt2forge.text.vocab import MERGES_FILE, TIKTOKEN_SHA256, VOCAB_FILE
@@ -151,17 +150,11 @@ def reusable(manifest: dict, key: str, slot: CacheSlot) -> bool:
 @contextlib.contextmanager
 def locked(slot: CacheSlot, what: str) -> Iterator[None]:
     """Hold the slot's lock for the block, logging when another process holds it (and we wait)."""
-    fd = os.open(slot.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info(f"{what}: waiting for another process building {slot.folder / slot.name} "
-                     f"(lock {slot.lock_path})")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    def wait(_holder: str) -> None:
+        log.info(f"{what}: waiting for another process building {slot.folder / slot.name} (lock {slot.lock_path})")
+
+    with exclusive(slot.lock_path, if_held=wait):
         yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 Builder = Callable[[Path], dict]

@@ -15,12 +15,8 @@ temporaries and writing over its files.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import glob
 import json
-import os
-import socket
 import sys
 import time
 from collections import Counter
@@ -28,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.core.file_lock import exclusive
 from gpt2forge.preprocess.jsonl import atomic_json
 
 FORMAT = "gpt2forge-prepare-manifest"
@@ -60,24 +57,15 @@ def hold_folder(folder: Path) -> Iterator[None]:
     process ends, SIGKILL included, so no stale lock is left). Raises a UsageError naming the holder
     when another run has it. On a file system without locks it warns and runs the block unlocked."""
     path = folder / "manifest.lock"
-    with open(path, "a+", encoding="utf-8") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            raise UsageError(f"{folder}: another prepare_corpus.py run is working in this folder "
-                             f"({f.read().strip() or 'a process'} holds {path.name}); wait for it to end or stop "
-                             "it, then rerun") from None
-        except OSError as exc:
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            print(f"warning: {folder}: its file system has no file locks ({exc.strerror}); nothing stops a "
-                  "second run in this folder, so start one at a time", file=sys.stderr)
-        else:
-            f.seek(0)
-            f.truncate()
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-            f.flush()
+
+    def refuse(holder: str) -> None:
+        raise UsageError(f"{folder}: another prepare_corpus.py run is working in this folder ({holder or 'a process'} "
+                         f"holds {path.name}); wait for it to end or stop it, then rerun")
+
+    with exclusive(path, if_held=refuse, sign=True) as locked:
+        if not locked:
+            print(f"warning: {folder}: its file system has no file locks; nothing stops a second run in this "
+                  "folder, so start one at a time", file=sys.stderr)
         yield
 
 

@@ -12,7 +12,6 @@ A step that beats the peak re-reads it or raises it (`StepMeter`): MFU never pri
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -24,6 +23,7 @@ import torch
 from gpt2forge.core import log
 from gpt2forge.core.atomic import write_atomic
 from gpt2forge.core.device import synchronize
+from gpt2forge.core.file_lock import exclusive
 from gpt2forge.core.precision import PRECISION_DTYPES, cpu_half_matmul_is_emulated, cpu_identity
 from gpt2forge.train.metrics.lines import mfu_text
 
@@ -144,17 +144,10 @@ def _cache_locked():
     """Holds the cache's lock file, so that two processes' read-merge-write never interleave (the
     slower read written over the faster); no lock where the folder cannot be written."""
     lock = cache_file().with_suffix(".lock")
-    try:
+    with contextlib.suppress(OSError):
         lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
+    with exclusive(lock, best_effort=True):
         yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def remember_cpu_peak_flops(precision: str, flops: float) -> float:
