@@ -9,14 +9,15 @@ Two passes over the input, memory bounded by the signatures, never by the texts:
    ~430 bytes plus the key (~60 bytes + its length), ~0.45 GB per million documents at the
    defaults. Saving streams them to the file (no second copy in memory).
 2. `candidate_pairs` buckets the signatures by LSH band (vectorized sorts, one band at a time: ~40
-   bytes per document), `verify_pairs` re-reads only the candidate documents, by seeking to their
-   lines (an index of 8 bytes per line), in batches under `budget_chars` of text, and computes their
-   exact Jaccard similarity on worker processes; pairs above the threshold are grouped with
-   union-find. `near_duplicates` compares the strongest MinHash estimates first and skips a pair
-   whose documents are already in one group, so a group of k near copies costs about k comparisons,
+   bytes per document); `verify_pairs` hands the candidate pairs to worker processes, which re-read
+   their documents by seeking to their lines (an index of 8 bytes per line, made here) and compute
+   their exact Jaccard similarity; pairs above the threshold are grouped with union-find.
+   `near_duplicates` compares the strongest MinHash estimates first and skips a pair whose
+   documents are already in one group, so a group of k near copies costs about k comparisons,
    however many candidate pairs join them (up to one a band for each copy at the default
-   `heuristic_iter`, k^2 / 2 with -1). A subset of the documents (`rows`: those exact dedup kept) is compared without
-   copying its fingerprints.
+   `heuristic_iter`, k^2 / 2 with -1), and decides a long pair on a 1-in-16 sample of its shingles
+   when the sample puts it far from the threshold (`minhash.sample_decides`). A subset of the
+   documents (`rows`: those exact dedup kept) is compared without copying its fingerprints.
 
 Which document is kept: the first in input order (loaded fingerprints come before the inputs), so
 a new shard is deduplicated against earlier ones and never the other way round.
@@ -56,8 +57,8 @@ FORMAT = "gpt2forge-minhash-fingerprints"
 VERSION = 1
 MEMORY_HELP = ("Memory: the fingerprints, ~0.45 GB per million documents at the defaults (a 100 x 4-byte "
                "signature, 8-byte hash, file/line/length each), plus the keys (~60 bytes + their length each), "
-               "the LSH candidates, 8 bytes per line of each input while pairs are verified and up to 64 M "
-               "characters of candidate texts at a time, never the whole text (measured per stage: "
+               "the LSH candidates, 8 bytes per line of each input while pairs are verified, and in each worker "
+               "one document's candidates' texts at a time, never the whole text (measured per stage: "
                "docs/corpus.md, 'At scale')")
 
 
@@ -388,8 +389,9 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
             if len(batch):
                 batch = batch[np.lexsort((batch[:, 1], batch[:, 0]))]  # each main's candidates together
                 where = reader.locate(np.unique(batch))
-                for m, result in ordered_map(_verify_group, tasks(batch, where), workers, _init, (fp.params,),
-                                                     steady=groups is not None):
+                results = ordered_map(_verify_group, tasks(batch, where), workers, _init, (fp.params,),
+                                      steady=groups is not None)
+                for m, result in results:
                     for j, sim in result:
                         if sim > threshold:
                             kept.append((m, j, sim))
@@ -434,7 +436,7 @@ class Groups:
     def __init__(self, n: int) -> None:
         self.parent = list(range(n))
         self.compared = 0
-        """Pairs compared exactly while these groups were made (`verify_pairs` counts them)."""
+        """Pairs compared (whole or on samples) while these groups were made (`verify_pairs` counts them)."""
 
     def root(self, i: int) -> int:
         parent = self.parent
