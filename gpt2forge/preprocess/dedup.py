@@ -373,31 +373,32 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
     kept: list[tuple[int, int, float]] = []
     reader = TextReader(fp)
 
-    def tasks(batch: np.ndarray, where: dict[int, tuple]) -> Iterator[tuple]:
-        mains, starts = np.unique(batch[:, 0], return_index=True)
-        bounds = np.append(starts, len(batch))
-        for m, a, b in zip(mains.tolist(), bounds[:-1].tolist(), bounds[1:].tolist()):
-            others = batch[a:b, 1].tolist()
-            if groups is not None:  # made lazily: the results of the tasks before it have joined
-                others = [j for j in others if groups.apart(m, j)]
-                groups.compared += len(others)
-            if others:
-                yield m, where[m], [(j, where[j]) for j in others], mode, threshold, sampled
+    def tasks(bar: tqdm) -> Iterator[tuple]:  # made lazily: the results of the tasks before it have joined
+        for batch, looked_at in _batches(fp, pairs, budget_chars, groups):
+            bar.update(looked_at)
+            if not len(batch):
+                continue
+            batch = batch[np.lexsort((batch[:, 1], batch[:, 0]))]  # each main's candidates together
+            where = reader.locate(np.unique(batch))
+            mains, starts = np.unique(batch[:, 0], return_index=True)
+            bounds = np.append(starts, len(batch))
+            for m, lo, hi in zip(mains.tolist(), bounds[:-1].tolist(), bounds[1:].tolist()):
+                others = batch[lo:hi, 1].tolist()
+                if groups is not None:
+                    others = [j for j in others if groups.apart(m, j)]
+                    groups.compared += len(others)
+                if others:
+                    yield m, where[m], [(j, where[j]) for j in others], mode, threshold, sampled
 
     with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
-        for batch, looked_at in _batches(fp, pairs, budget_chars, groups):
-            if len(batch):
-                batch = batch[np.lexsort((batch[:, 1], batch[:, 0]))]  # each main's candidates together
-                where = reader.locate(np.unique(batch))
-                results = ordered_map(_verify_group, tasks(batch, where), workers, _init, (fp.params,),
-                                      steady=groups is not None)
-                for m, result in results:
-                    for j, sim in result:
-                        if sim > threshold:
-                            kept.append((m, j, sim))
-                            if groups is not None:
-                                groups.join(m, j)
-            bar.update(looked_at)
+        # One pool for every batch; with `groups`, results join in a fixed lag behind the tasks made.
+        for m, result in ordered_map(_verify_group, tasks(bar), workers, _init, (fp.params,),
+                                     steady=groups is not None):
+            for j, sim in result:
+                if sim > threshold:
+                    kept.append((m, j, sim))
+                    if groups is not None:
+                        groups.join(m, j)
     return sorted(kept)
 
 
