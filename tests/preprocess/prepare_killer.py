@@ -6,10 +6,15 @@ Once prepare_corpus enters STAGE (`Manifest.run` with that name), the N-th call 
 path to a function or method the stage calls, e.g. `os.replace` or
 `gpt2forge.preprocess.jsonl.JsonlWriter.write`) sends this process SIGKILL before the call runs: no
 `finally` block, no exit handler runs, as when the out-of-memory killer or a lost node ends a run.
+
+TARGET may also name a function that opens files as a context manager, then `:write`
+(`gpt2forge.preprocess.dedup.atomic_file:write`): the N-th `write` into any file the stage opens
+through that name is the call that kills, for writers that copy bytes into a file object.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import runpy
@@ -45,19 +50,40 @@ def arm(stage: str, target: str, call: int) -> None:
         state["armed"] = name == stage
         return run(self, name, *args, **kwargs)
 
+    def counted(original):
+        def killing(*args, **kwargs):
+            if state["armed"]:
+                state["calls"] += 1
+                if state["calls"] == call:
+                    sys.stdout.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return original(*args, **kwargs)
+        return killing
+
+    target, _, method = target.partition(":")
     owner, name = resolve(target)
     original = getattr(owner, name)
-
-    def killing(*args, **kwargs):
-        if state["armed"]:
-            state["calls"] += 1
-            if state["calls"] == call:
-                sys.stdout.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
-        return original(*args, **kwargs)
-
+    if method == "write":
+        @contextlib.contextmanager
+        def opening(*args, **kwargs):
+            with original(*args, **kwargs) as f:
+                yield Writes(f, counted(f.write))
+        setattr(owner, name, opening)
+    elif method:
+        raise ValueError(f"{target}:{method}: only ':write' is known")
+    else:
+        setattr(owner, name, counted(original))
     prepare.Manifest.run = entering
-    setattr(owner, name, killing)
+
+
+class Writes:
+    """A file object whose `write` is the given function; everything else is the file's."""
+
+    def __init__(self, f, write):
+        self._f, self.write = f, write
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
 
 
 def main() -> None:

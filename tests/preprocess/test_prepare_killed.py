@@ -20,11 +20,12 @@ web_corpus = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(web_corpus)
 
 WRITE = "gpt2forge.preprocess.jsonl.JsonlWriter.write"
+COPY = "gpt2forge.preprocess.dedup.atomic_file:write"  # the dedup stages copy kept lines as bytes
 KILLS = (  # (stage, what the killed call is, its number in the stage): one run of the chain each
     ("clean", WRITE, 200),                                           # clean.jsonl's temporary half written
-    ("exact_dedup", WRITE, 200),                                     # fingerprints.npz in place, exact.jsonl half
+    ("exact_dedup", COPY, 200),                                      # fingerprints.npz in place, exact.jsonl half
     ("exact_dedup", "gpt2forge.preprocess.prepare.Manifest.save", 1),  # both in place, not in the manifest
-    ("near_dedup", WRITE, 200),
+    ("near_dedup", COPY, 200),
     ("decontaminate", WRITE, 200),
     ("shuffle", "os.fsync", 1),                                      # written in full, not renamed
     ("tokenize", "os.replace", 2),                                   # the .bin renamed, the .idx not
@@ -83,8 +84,9 @@ def test_killed_in_every_stage_then_rerun_gives_the_uninterrupted_output(tmp_pat
         assert list(after) == list(STAGES[:STAGES.index(stage)]), (stage, list(after))
         for name in before.keys() & after.keys():  # finished by an earlier run: skipped, not redone
             assert f"{name}: complete (" in run.stdout and after[name] == before[name], (stage, name)
-        if target != KILLS[2][1]:  # killed mid-stage: the stage's temporary files are there
-            assert any(p.name.startswith(".") for p in killed.iterdir()), (stage, sorted(killed.iterdir()))
+        if target != KILLS[2][1]:  # killed mid-stage: the stage's temporary file is there, written in part
+            assert any(p.name.startswith(".") and p.stat().st_size for p in killed.iterdir()), \
+                (stage, [(p.name, p.stat().st_size) for p in sorted(killed.iterdir())])
         before = after
 
     final = prepare(killed, corpus, lambada)
