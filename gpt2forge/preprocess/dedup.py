@@ -34,6 +34,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -46,8 +47,10 @@ from gpt2forge.preprocess.jsonl import line_starts, read_documents
 from gpt2forge.preprocess.minhash import (
     MinHasher,
     MinHashParams,
-    exact_hash,
     jaccard,
+    normalize_text,
+    normalized_exact_hash,
+    normalized_shingle_hashes,
     sample,
     sample_decides,
     unique_hashes,
@@ -103,9 +106,12 @@ def _init(params: MinHashParams) -> None:
 
 
 def _fingerprint_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(signatures (k, num_perm) uint32, exact hashes (k,) uint64) of a chunk of texts (worker side)."""
-    sigs = np.stack([_HASHER.signature(_HASHER.shingles(t)) for t in texts])
-    return sigs, np.array([exact_hash(t) for t in texts], dtype=np.uint64)
+    """(signatures (k, num_perm) uint32, exact hashes (k,) uint64) of a chunk of texts (worker side);
+    each text is normalized once for both."""
+    norms = [normalize_text(t) for t in texts]
+    p = _HASHER.params
+    sigs = _HASHER.signatures([normalized_shingle_hashes(n, p.shingle, p.ngram) for n in norms])
+    return sigs, np.array([normalized_exact_hash(n) for n in norms], dtype=np.uint64)
 
 
 def _chunks(docs: Iterator, chunk_docs: int = 256, chunk_chars: int = 1 << 20) -> Iterator[list]:
@@ -272,7 +278,22 @@ class TextReader:
     a worker process to read it there (`read_at`)."""
 
     def __init__(self, fp: Fingerprints) -> None:
-        self.fp, self._starts = fp, {}
+        self.fp, self._starts = fp, {}  # source -> (line starts, whether they are the whole file's)
+
+    def _index(self, s: int, last_line: int) -> np.ndarray:
+        """Source s's line starts, at least to `last_line` where the file has it: the first call
+        indexes only that far (a stage's few examples are its first rows), a later one beyond it the
+        whole file, once."""
+        starts, whole = self._starts.get(s, (None, False))
+        if starts is None or (len(starts) < last_line and not whole):
+            path = self.fp.sources[s]["path"]
+            if not Path(path).exists():
+                raise UsageError(f"{path}: missing, and its documents are candidate duplicates; put the file back "
+                                 "there or next to its fingerprint file")
+            upto = last_line if starts is None else None
+            starts = line_starts(path, upto=upto)
+            self._starts[s] = starts, upto is None or len(starts) < upto
+        return starts
 
     def locate(self, wanted: np.ndarray) -> dict[int, tuple[str, int, str, int]]:
         """{document index: (path, byte offset of its line, text key, characters)} for `wanted`."""
@@ -280,12 +301,8 @@ class TextReader:
         for s in np.unique(fp.source[wanted]).tolist():
             src = fp.sources[s]
             rows = np.sort(wanted[fp.source[wanted] == s])  # rows of one file are in line order: reads go forward
-            if s not in self._starts:
-                if not Path(src["path"]).exists():
-                    raise UsageError(f"{src['path']}: missing, and its documents are candidate duplicates; put the "
-                                     "file back there or next to its fingerprint file")
-                self._starts[s] = line_starts(src["path"])
-            starts, lines = self._starts[s], fp.line[rows]
+            lines = fp.line[rows]
+            starts = self._index(s, int(lines.max()) if len(lines) else 0)
             if len(lines) and int(lines.max()) > len(starts):
                 raise _changed(src["path"])
             for i, at, chars in zip(rows.tolist(), starts[lines - 1].tolist(), fp.chars[rows].tolist()):
@@ -357,10 +374,11 @@ def _verify_group(task: tuple) -> tuple[int, list[tuple[int, float]]]:
 
 def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", threshold: float = 0.5,
                  workers: int = 1, budget_chars: int = 1 << 26, progress: bool = True,
-                 groups: Groups | None = None, sampled: bool = False) -> list[tuple[int, int, float]]:
+                 groups: Groups | None = None, sampled: bool = False) -> Verified:
     """(main, other, exact Jaccard) for the candidate `pairs` whose similarity is above `threshold`,
-    sorted. `sampled` (union mode): a pair whose 1-in-16 shingle samples put it far from the
-    threshold is decided on them, and its similarity is the samples' (`minhash.sample_decides`).
+    sorted, and how many pairs were compared. `sampled` (union mode): a pair whose 1-in-16 shingle
+    samples put it far from the threshold is decided on them, and its similarity is the samples'
+    (`minhash.sample_decides`).
 
     Pairs are handed out in batches whose documents total at most `budget_chars` characters; the
     workers re-read the texts (`TextReader`), a main's with its candidates', so this process holds
@@ -371,9 +389,11 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
     document are not compared with each other once each has joined the original's group.
     """
     kept: list[tuple[int, int, float]] = []
+    compared = 0
     reader = TextReader(fp)
 
     def tasks(bar: tqdm) -> Iterator[tuple]:  # made lazily: the results of the tasks before it have joined
+        nonlocal compared
         for batch, looked_at in _batches(fp, pairs, budget_chars, groups):
             bar.update(looked_at)
             if not len(batch):
@@ -386,7 +406,7 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
                 others = batch[lo:hi, 1].tolist()
                 if groups is not None:
                     others = [j for j in others if groups.apart(m, j)]
-                    groups.compared += len(others)
+                compared += len(others)
                 if others:
                     yield m, where[m], [(j, where[j]) for j in others], mode, threshold, sampled
 
@@ -399,7 +419,16 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
                     kept.append((m, j, sim))
                     if groups is not None:
                         groups.join(m, j)
-    return sorted(kept)
+    return Verified(sorted(kept), compared)
+
+
+class Verified(NamedTuple):
+    """What `verify_pairs` found."""
+
+    pairs: list[tuple[int, int, float]]
+    """(main, other, Jaccard) of the pairs above the threshold, sorted."""
+    compared: int
+    """Pairs compared, whole or on samples (with `groups`, those already in one group are not)."""
 
 
 def _batches(fp: Fingerprints, pairs: np.ndarray, budget_chars: int,
@@ -436,8 +465,6 @@ class Groups:
 
     def __init__(self, n: int) -> None:
         self.parent = list(range(n))
-        self.compared = 0
-        """Pairs compared (whole or on samples) while these groups were made (`verify_pairs` counts them)."""
 
     def root(self, i: int) -> int:
         parent = self.parent
@@ -523,9 +550,9 @@ def near_duplicates(fp: Fingerprints, *, mode: str = "union", threshold: float =
     candidates = candidate_pairs(fp, heuristic_iter, lambda pairs: likely_pairs(fp, pairs, mode, threshold), rows)
     candidates = candidates[np.argsort(-estimated_jaccard(fp, candidates), kind="stable")]
     groups = Groups(len(fp))
-    pairs = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress,
+    found = verify_pairs(fp, candidates, mode=mode, threshold=threshold, workers=workers, progress=progress,
                          groups=groups, sampled=True)
-    return NearDuplicates(groups.labels() != np.arange(len(fp)), pairs, len(candidates), groups.compared)
+    return NearDuplicates(groups.labels() != np.arange(len(fp)), found.pairs, len(candidates), found.compared)
 
 
 def write_kept(fp: Fingerprints, removed: np.ndarray, output: str | Path) -> tuple[int, int]:

@@ -127,15 +127,19 @@ def _line_number(path: Path, offset: int) -> int:
     return newlines + 1
 
 
-def line_starts(path: str | Path, block: int = 1 << 24) -> np.ndarray:
+def line_starts(path: str | Path, block: int = 1 << 24, upto: int | None = None) -> np.ndarray:
     """(lines,) int64: the byte offset where each line of `path` starts (line n at index n - 1), as
-    `read_documents` numbers them; a final newline starts no line."""
-    found, pos = [np.zeros(1, np.int64)], 0
+    `read_documents` numbers them; a final newline starts no line. `upto`: only the first `upto`
+    lines' (fewer if the file has fewer), reading no further than needed."""
+    found, pos, count = [np.zeros(1, np.int64)], 0, 1
     with open(path, "rb") as f:
-        while chunk := f.read(block):
+        while (upto is None or count <= upto) and (chunk := f.read(block)):
             found.append(np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10).astype(np.int64) + pos + 1)
             pos += len(chunk)
+            count += len(found[-1])
     starts = np.concatenate(found)
+    if upto is not None and len(starts) > upto:
+        return starts[:upto]
     return starts[:-1] if len(starts) > 1 and starts[-1] == pos else starts
 
 

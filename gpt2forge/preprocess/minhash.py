@@ -9,7 +9,9 @@ set of shingle hashes (`np.unique`) is what Jaccard similarity is computed on.
 The signature applies `num_perm` universal hash functions to every shingle hash at once, as one
 `(num_perm, n_shingles)` array: h_i(x) = (a_i * x + b_i) mod 2^64, top 32 bits (multiply-add-shift,
 a 2-universal family that needs no 128-bit product), and keeps the minimum of each row: `num_perm`
-uint32 values, 4 bytes each. Two documents agree on a row with probability equal to their Jaccard
+uint32 values, 4 bytes each. `MinHasher.signatures` does a batch of documents with the custom op
+`gpt2forge::minhash_signatures` (custom_ops/minhash.cpp) when the library is built: the same values,
+computed in registers instead of in arrays. Two documents agree on a row with probability equal to their Jaccard
 similarity J, so the fraction of equal rows estimates J with standard deviation sqrt(J(1-J)/num_perm).
 
 LSH cuts the signature into `bands` bands of `num_perm / bands` rows and hashes each band to one
@@ -23,8 +25,10 @@ import hashlib
 import unicodedata
 
 import numpy as np
+import torch
 
 from gpt2forge.core.errors import UsageError
+from gpt2forge.ops.library import has_op
 
 try:  # a fast 64-bit hash for words; blake2b (stdlib) gives the same statistics, slower
     import xxhash
@@ -83,8 +87,12 @@ def normalize_text(text: str) -> str:
 
 def exact_hash(text: str) -> int:
     """A 64-bit hash of `normalize_text(text)` (exact dedup: equal hashes = same normalized text)."""
-    data = normalize_text(text).encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    return normalized_exact_hash(normalize_text(text))
+
+
+def normalized_exact_hash(norm: str) -> int:
+    """`exact_hash` of a text already through `normalize_text`."""
+    return int.from_bytes(hashlib.blake2b(norm.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -116,7 +124,11 @@ def shingle_hashes(text: str, shingle: str = "chars", ngram: int = 5) -> np.ndar
 
 def all_shingle_hashes(text: str, shingle: str = "chars", ngram: int = 5) -> np.ndarray:
     """The 64-bit hash of each shingle of `normalize_text(text)`, in text order, repeats included."""
-    norm = normalize_text(text)
+    return normalized_shingle_hashes(normalize_text(text), shingle, ngram)
+
+
+def normalized_shingle_hashes(norm: str, shingle: str = "chars", ngram: int = 5) -> np.ndarray:
+    """`all_shingle_hashes` of a text already through `normalize_text`."""
     if not norm:
         return np.zeros(0, dtype=np.uint64)
     if shingle == "chars":
@@ -203,6 +215,20 @@ class MinHasher:
                 block += self._b[lo:lo + step]
                 sig[lo:lo + step] = (block.min(axis=1) >> np.uint64(32)).astype(np.uint32)
         return sig
+
+    def signatures(self, hashes: list[np.ndarray]) -> np.ndarray:
+        """(len(hashes), num_perm) uint32: `signature` of each array of shingle hashes (repeats
+        allowed: a minimum does not change with them). One call of the custom op for the batch when
+        the library is built (custom_ops/minhash.cpp), else numpy on each document's unique hashes."""
+        if not has_op("minhash_signatures"):
+            return np.stack([self.signature(unique_hashes(h)) for h in hashes]) if hashes else \
+                np.zeros((0, self.params.num_perm), np.uint32)
+        offsets = np.zeros(len(hashes) + 1, np.int64)
+        np.cumsum([h.size for h in hashes], out=offsets[1:])
+        flat = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+        sigs = torch.ops.gpt2forge.minhash_signatures(*(torch.from_numpy(v.view(np.int64)) for v in (
+            flat, offsets.view(np.uint64), self._a[:, 0], self._b[:, 0])))
+        return sigs.numpy().view(np.uint32)
 
     def band_keys(self, signatures: np.ndarray, band: int, subset: np.ndarray | None = None) -> np.ndarray:
         """(N,) uint64 keys of one band of (N, num_perm) signatures (of the `subset` rows only, when

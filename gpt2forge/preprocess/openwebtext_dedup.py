@@ -112,7 +112,7 @@ def find_duplicates(args: argparse.Namespace) -> None:
     pairs = []
     if args.output:
         candidates = candidate_pairs(fp, args.heuristic_iter)
-        pairs = verify_pairs(fp, candidates, mode=args.jaccard, threshold=args.threshold, workers=args.workers)
+        pairs = verify_pairs(fp, candidates, mode=args.jaccard, threshold=args.threshold, workers=args.workers).pairs
         write_pairs(args.output, fp.keys, pairs)
     skipped = f", bad lines skipped: {bad['bad_lines']}" if bad["bad_lines"] else ""
     print(f"documents: {len(fp)}, duplicate pairs: {len(pairs)}, documents in pairs: "

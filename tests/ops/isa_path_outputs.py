@@ -27,6 +27,8 @@ LM_HEAD_CASES = [  # (N, C, V, V_pad, token_chunk, vocab_chunks, compute dtype, 
     (37, 16, 67, 72, 37, 1, torch.float32, 1.0), (37, 19, 203, 208, 10, 3, torch.float32, 1.0),
     (21, 16, 67, 72, 21, 1, torch.bfloat16, 1.0), (21, 17, 131, 136, 8, 2, torch.bfloat16, 1.0),
     (9, 16, 67, 72, 9, 1, torch.float32, 0.0), (13, 16, 99, 104, 13, 2, torch.float32, 30.0)]
+MINHASH_SIZES = [0, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 100, 1001]  # shingles a document: every tail of 4 and 8 lanes
+MINHASH_PERMS = [1, 3, 4, 7, 100]  # signature rows: every tail of the 4 rows a pass
 OPTIM_SIZES = [1, 7, 17, 1023, 4099]
 OPTIM_STEPS = 10
 ADAMW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -95,6 +97,17 @@ def lm_head_inputs() -> list[tuple]:
     return cases
 
 
+def minhash_inputs(perms: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hashes, offsets, a, b) of gpt2forge::minhash_signatures, int64 holding uint64 bits: documents of
+    MINHASH_SIZES shingles (any 64-bit value, so the top bit, products that wrap and sums that carry all occur;
+    one document holds only the largest value), and `perms` odd multipliers."""
+    g = _gen(perms, 64)
+    draw = lambda n: torch.randint(-2**63, 2**63 - 1, (n,), dtype=torch.int64, generator=g)  # noqa: E731
+    docs = [draw(n) for n in MINHASH_SIZES] + [torch.full((9,), -1, dtype=torch.int64)]
+    offsets = torch.tensor([0] + [len(d) for d in docs]).cumsum(0)
+    return torch.cat(docs), offsets, draw(perms) | 1, draw(perms)
+
+
 def optim_inputs() -> list[tuple[str, torch.Tensor, list[torch.Tensor]]]:
     cases = []
     for n in OPTIM_SIZES:
@@ -147,6 +160,8 @@ def outputs() -> dict[str, object]:
     except RuntimeError:
         pass
     out["lanes"] = lanes
+    for perms in MINHASH_PERMS:
+        out[f"minhash {perms}"] = ops.minhash_signatures(*minhash_inputs(perms))
     for width in lanes:
         ops.gemv_set_lanes(width)
         for name, (x, w, b) in gemv_inputs().items():

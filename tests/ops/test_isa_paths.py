@@ -13,6 +13,8 @@ clones alone):
 - argmax_rows (argmax.cpp): scan_portable, scan_avx2 (on parts of a row of 64 values or more).
 - lm_head_ce (lm_head_ce.cpp): row_max, exp_sum, scale, round_to_bf16 and widen_bf16 as baseline, AVX2 and
   AVX-512 clones (the matmuls are ATen's, the same on every path).
+- minhash_signatures (minhash.cpp): rows_scalar, rows_avx2 (4 lanes, the 64-bit product from 32-bit ones) and
+  rows_avx512 (8 lanes; AVX512DQ too).
 - adamw_step_, lamb_step_ and their multi-tensor forms, one set of range kernels (host_optim_kernels.h):
   Scalar, Avx2, Avx512.
 The other ops (build_info, scaled_add_, blend_index, sample_index, dropout_mask, the fp modes) have one path.
@@ -261,6 +263,24 @@ def test_argmax_rows_is_torch_argmax(path_outputs, isa: str):
     out = path_outputs(isa)
     for V, x in cases.argmax_inputs().items():
         assert torch.equal(out[f"argmax {V}"], x.argmax(-1)), f"{isa} argmax, V={V}: {out[f'argmax {V}']}"
+
+
+def minhash_reference(hashes: torch.Tensor, offsets: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Each signature row from its definition, in Python integers: min over x of (a x + b) mod 2^64, top 32 bits
+    (all-ones for a document without shingles), as int32 bits."""
+    u = [v % 2**64 for v in hashes.tolist()]
+    rows = [[(min(((p * x + q) % 2**64 for x in u[lo:hi]), default=2**64 - 1) >> 32) for p, q in
+             zip((v % 2**64 for v in a.tolist()), (v % 2**64 for v in b.tolist()))]
+            for lo, hi in zip(offsets.tolist(), offsets[1:].tolist())]
+    return torch.tensor(rows, dtype=torch.int64).to(torch.int32)  # wraps to the uint32 bits
+
+
+@paths
+def test_minhash_signatures_are_their_definition(path_outputs, isa: str):
+    out = path_outputs(isa)
+    for perms in cases.MINHASH_PERMS:
+        want = minhash_reference(*cases.minhash_inputs(perms))
+        assert torch.equal(out[f"minhash {perms}"], want), f"{isa} minhash_signatures, {perms} rows"
 
 
 @paths

@@ -70,6 +70,26 @@ def test_minhash_estimate_within_theoretical_bound():
     assert abs(np.mean(z)) < 4 / np.sqrt(len(z)), "the estimate is biased"
 
 
+@pytest.mark.parametrize("op", [True, False], ids=["custom op", "numpy"])
+def test_fingerprints_of_a_batch_equal_each_documents_own(monkeypatch, op):
+    """A chunk's signatures (each text normalized once, the custom op on shingles with repeats, or numpy
+    without the library) and exact hashes equal `signature` of each text's unique shingles and `exact_hash`."""
+    if op and not minhash.has_op("minhash_signatures"):
+        pytest.skip("the custom ops library is not built (make custom_ops)")
+    monkeypatch.setattr(minhash, "has_op", lambda name: op and name == "minhash_signatures")
+    base = "The quick brown fox jumps over the lazy dog. " * 3
+    texts = ["", "a", "abcd", "  Ab  \n", base, base.upper(), "Ça  été\tÉTÉ " * 40]
+    texts += [d["text"] for d in bench.planted_corpus(20)[0]]
+    for params in (MinHashParams(), MinHashParams(num_perm=7, bands=7), MinHashParams(shingle="words", ngram=3)):
+        hasher = MinHasher(params)
+        dedup._init(params)
+        sigs, exact = dedup._fingerprint_chunk(texts)
+        assert sigs.dtype == np.uint32 and exact.dtype == np.uint64
+        assert np.array_equal(sigs, np.stack([hasher.signature(hasher.shingles(t)) for t in texts])), params
+        assert exact.tolist() == [exact_hash(t) for t in texts]
+    assert sigs[0].tolist() == [0xFFFFFFFF] * params.num_perm  # no shingles: all-ones, like no other document
+
+
 def test_jaccard_modes():
     a, b = np.array([1, 2, 3, 4], np.uint64), np.array([3, 4, 5], np.uint64)
     assert (jaccard(a, b, "union"), jaccard(a, b, "min"), jaccard(a, b, "max")) == (2 / 5, 2 / 3, 2 / 4)
@@ -141,7 +161,7 @@ def test_a_group_of_k_copies_costs_about_k_comparisons_and_the_same_removals(tmp
     for k in (10, 40):
         rows = np.arange(k + 2)
         found = near_duplicates(fp, workers=0, progress=False, heuristic_iter=-1, rows=rows)
-        every = dedup.verify_pairs(fp, candidate_pairs(fp, -1, rows=rows), workers=0, progress=False)
+        every = dedup.verify_pairs(fp, candidate_pairs(fp, -1, rows=rows), workers=0, progress=False).pairs
         assert np.array_equal(found.removed[rows], group_duplicates(len(fp), every)[rows] != rows)
         assert found.removed[2:k + 2].all() and not found.removed[:2].any()
         assert found.candidates >= k * (k + 1) / 2 * 0.9, found.candidates  # nearly every pair
@@ -285,7 +305,8 @@ def test_workers_and_verification_batches_do_not_change_the_result(tmp_path):
     assert np.array_equal(fp.signatures, parallel.signatures) and fp.keys == parallel.keys
     pairs = candidate_pairs(fp)
     one_pass = dedup.verify_pairs(fp, pairs, workers=0, progress=False)
-    assert one_pass and dedup.verify_pairs(fp, pairs, workers=2, budget_chars=1, progress=False) == one_pass
+    assert one_pass.pairs and one_pass.compared == len(pairs)  # without groups every candidate is compared
+    assert dedup.verify_pairs(fp, pairs, workers=2, budget_chars=1, progress=False) == one_pass
 
 
 def test_word_shingles(tmp_path):
@@ -344,6 +365,22 @@ def test_verification_reads_only_the_compared_lines_a_batch_at_a_time(tmp_path, 
     assert dedup.verify_pairs(fp, pairs, workers=0, budget_chars=budget, progress=False) == whole
     assert len(held) > 2 and max(held) <= budget
     assert len(parsed) == sum(1 + len(others) for _, _, others, *_ in tasks) == len(tasks) + len(pairs)
+
+
+def test_a_few_early_texts_are_read_without_indexing_the_whole_file(tmp_path):
+    """A stage's examples (its first removed rows) index the lines only that far; a later read past
+    them indexes the whole file, and every text read equals the file's."""
+    docs, _ = bench.planted_corpus(60, seed=23)
+    path = write_jsonl(tmp_path / "c.jsonl", docs)
+    fp = fingerprint_files([(path, "id")], workers=0, progress=False)
+    reader = dedup.TextReader(fp)
+    assert reader.read(np.array([2, 0])) == {0: docs[0]["text"], 2: docs[2]["text"]}
+    starts, whole = reader._starts[0]
+    assert len(starts) == 3 and not whole
+    last = len(fp) - 1
+    assert reader.read(np.array([1, last])) == {1: docs[1]["text"], last: docs[last]["text"]}
+    starts, whole = reader._starts[0]
+    assert whole and len(starts) == len(docs)
 
 
 def test_verification_refuses_a_file_changed_since_fingerprinting(tmp_path):
