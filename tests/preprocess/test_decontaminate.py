@@ -6,8 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from gpt2forge.preprocess.decontaminate import (
     DecontaminateConfig,
+    NgramSet,
     cut,
     decontaminate_file,
     eval_ngrams,
@@ -38,6 +41,25 @@ def test_plain_words_equal_words_on_any_text():
     for _ in range(5000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         assert plain_words(text) == words(text)[0], repr(text)
+    ascii = [chr(c) for c in range(128)]  # the bytes path: every ASCII character, the separators 0x1C-0x1F too
+    for _ in range(5000):
+        text = "".join(rng.choice(ascii) for _ in range(rng.randint(0, 40)))
+        assert plain_words(text) == words(text)[0], repr(text)
+
+
+def test_an_ngram_set_finds_what_a_binary_search_of_its_table_finds():
+    """The bitmap only drops hashes the table cannot hold: hashes sharing a member's low 24 bits but
+    not its high ones are searched and not found, members are found at their index."""
+    rng = np.random.default_rng(0)
+    table = np.unique(rng.integers(0, 2**64 - 1, 5000, dtype=np.uint64, endpoint=True))
+    near = table[:300] ^ np.uint64(1 << 40)  # same low bits, another hash
+    h = np.concatenate([table[::7], near, rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64, endpoint=True)])
+    h = h[rng.permutation(len(h))]
+    idx = np.minimum(np.searchsorted(table, h), len(table) - 1)
+    want = np.flatnonzero(table[idx] == h)
+    at, found = NgramSet(table).find(h)
+    assert len(want) == len(table[::7]) and np.array_equal(at, want) and np.array_equal(found, idx[want])
+    assert [len(x) for x in NgramSet(table[:0]).find(h)] == [0, 0] and len(NgramSet(table).find(h[:0])[0]) == 0
 
 
 def passage(tmp_path, eval_data: Path | None) -> tuple[Path, str]:
