@@ -25,10 +25,8 @@ import hashlib
 import unicodedata
 
 import numpy as np
-import torch
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.ops.library import has_op
 
 try:  # a fast 64-bit hash for words; blake2b (stdlib) gives the same statistics, slower
     import xxhash
@@ -220,6 +218,9 @@ class MinHasher:
         """(len(hashes), num_perm) uint32: `signature` of each array of shingle hashes (repeats
         allowed: a minimum does not change with them). One call of the custom op for the batch when
         the library is built (custom_ops/minhash.cpp), else numpy on each document's unique hashes."""
+        import torch  # why: torch (a second to import) loads only in a process that makes signatures
+
+        from gpt2forge.ops.library import has_op  # why: as torch, which it imports
         if not has_op("minhash_signatures"):
             return np.stack([self.signature(unique_hashes(h)) for h in hashes]) if hashes else \
                 np.zeros((0, self.params.num_perm), np.uint32)

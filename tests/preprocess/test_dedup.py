@@ -11,6 +11,7 @@ import pytest
 
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.json_lines import json_object
+from gpt2forge.ops import library as custom_ops
 from gpt2forge.preprocess import dedup, minhash
 from gpt2forge.preprocess.dedup import (
     candidate_pairs,
@@ -74,9 +75,9 @@ def test_minhash_estimate_within_theoretical_bound():
 def test_fingerprints_of_a_batch_equal_each_documents_own(monkeypatch, op):
     """A chunk's signatures (each text normalized once, the custom op on shingles with repeats, or numpy
     without the library) and exact hashes equal `signature` of each text's unique shingles and `exact_hash`."""
-    if op and not minhash.has_op("minhash_signatures"):
+    if op and not custom_ops.has_op("minhash_signatures"):
         pytest.skip("the custom ops library is not built (make custom_ops)")
-    monkeypatch.setattr(minhash, "has_op", lambda name: op and name == "minhash_signatures")
+    monkeypatch.setattr(custom_ops, "has_op", lambda name: op and name == "minhash_signatures")
     base = "The quick brown fox jumps over the lazy dog. " * 3
     texts = ["", "a", "abcd", "  Ab  \n", base, base.upper(), "Ça  été\tÉTÉ " * 40]
     texts += [d["text"] for d in bench.planted_corpus(20)[0]]
