@@ -8,7 +8,7 @@
 // permutations (AVX-512: 8 lanes with AVX512DQ's 64-bit multiply; AVX2: 4 lanes, the 64-bit
 // product made of three 32x32-bit ones). The minimum is the same whichever order the shingles are
 // taken in, and repeats do not change it, so the result equals numpy's on the unique shingles
-// bit for bit (tests/preprocess/test_minhash.py, and every path in tests/ops/test_isa_paths.py).
+// bit for bit (tests/preprocess/test_dedup.py, and every path in tests/ops/test_isa_paths.py).
 // The speed against numpy: benchmarks/minhash_speed.py.
 
 #include <ATen/ATen.h>
