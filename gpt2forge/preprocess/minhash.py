@@ -9,10 +9,11 @@ set of shingle hashes (`np.unique`) is what Jaccard similarity is computed on.
 The signature applies `num_perm` universal hash functions to every shingle hash at once, as one
 `(num_perm, n_shingles)` array: h_i(x) = (a_i * x + b_i) mod 2^64, top 32 bits (multiply-add-shift,
 a 2-universal family that needs no 128-bit product), and keeps the minimum of each row: `num_perm`
-uint32 values, 4 bytes each. `MinHasher.signatures` does a batch of documents with the custom op
-`gpt2forge::minhash_signatures` (custom_ops/minhash.cpp) when the library is built: the same values,
-computed in registers instead of in arrays. Two documents agree on a row with probability equal to their Jaccard
+uint32 values, 4 bytes each. Two documents agree on a row with probability equal to their Jaccard
 similarity J, so the fraction of equal rows estimates J with standard deviation sqrt(J(1-J)/num_perm).
+`MinHasher.signatures` does a batch of documents with the custom op `gpt2forge::minhash_signatures`
+(custom_ops/minhash.cpp) when the library is built: the same values, computed in registers instead
+of in arrays.
 
 LSH cuts the signature into `bands` bands of `num_perm / bands` rows and hashes each band to one
 uint64 key: documents sharing a key in any band are candidates (probability 1 - (1 - J^r)^b).
@@ -227,8 +228,8 @@ class MinHasher:
         offsets = np.zeros(len(hashes) + 1, np.int64)
         np.cumsum([h.size for h in hashes], out=offsets[1:])
         flat = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
-        sigs = torch.ops.gpt2forge.minhash_signatures(*(torch.from_numpy(v.view(np.int64)) for v in (
-            flat, offsets.view(np.uint64), self._a[:, 0], self._b[:, 0])))
+        bits = [torch.from_numpy(v.view(np.int64)) for v in (flat, self._a[:, 0], self._b[:, 0])]  # uint64 as int64
+        sigs = torch.ops.gpt2forge.minhash_signatures(bits[0], torch.from_numpy(offsets), bits[1], bits[2])
         return sigs.numpy().view(np.uint32)
 
     def band_keys(self, signatures: np.ndarray, band: int, subset: np.ndarray | None = None) -> np.ndarray:
