@@ -4,6 +4,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -263,6 +264,43 @@ def test_bad_input_names_file_and_line(tmp_path):
     (tmp_path / "groups.json").write_text('{"0": ["a", "b"]}\n[1, 2]\n')
     r = run_tool("remove_group_duplicates.py", "groups.json", "clean.json", "out.json", cwd=tmp_path)
     assert r.returncode == 2 and "groups.json:2:" in r.stderr and not (tmp_path / "out.json").exists()
+
+
+def test_fingerprints_of_many_ranges_equal_those_of_one(tmp_path, monkeypatch):
+    """Workers read line-aligned ranges of the files: cut into ranges of a few hundred bytes, with blank
+    and bad lines, a last line without a newline and a second file, every row (key, file, line, length,
+    signature, exact hash) and the bad-line count equal reading each file whole; a bad line deep in a
+    file is named by its own line, and a file of blank lines is refused as empty."""
+    docs, _ = bench.planted_corpus(30, seed=29)
+    lines = [json.dumps(d) for d in docs]
+    lines[7:7] = ["", "not json", "   "]
+    first = tmp_path / "a.jsonl"
+    first.write_text("\n".join(lines))  # no newline after the last line
+    second = write_jsonl(tmp_path / "b.jsonl", docs[:5])
+    inputs = [(first, "id"), (second, None)]
+
+    def fingerprints(span_bytes: int, workers: int, skip_bad_lines: bool = True):
+        monkeypatch.setattr(dedup, "SPAN_BYTES", span_bytes)
+        bad = Counter()
+        return fingerprint_files(inputs, workers=workers, skip_bad_lines=skip_bad_lines, bad=bad, progress=False), bad
+
+    (whole, bad), (cut, cut_bad) = fingerprints(1 << 30, 0), fingerprints(300, 2)
+    assert len(dedup._spans(str(first), first.stat().st_size)) > 20
+    assert cut.keys == whole.keys and bad == cut_bad == Counter(bad_lines=1)
+    for name in ("signatures", "exact", "source", "line", "chars"):
+        assert np.array_equal(getattr(cut, name), getattr(whole, name)), name
+    assert whole.line[:9].tolist() == [1, 2, 3, 4, 5, 6, 7, 11, 12]  # the lines read_documents numbers
+
+    lines[8], lines[20] = "", '{"text": oops}'  # the only bad line, in a later range
+    first.write_text("\n".join(lines))
+    with pytest.raises(UsageError, match=r"a\.jsonl:21: "):
+        fingerprints(300, 2, skip_bad_lines=False)
+    (tmp_path / "blank.jsonl").write_text("\n  \n\n")
+    for empty in ("blank.jsonl", "none.jsonl"):
+        (tmp_path / "none.jsonl").write_text("")
+        inputs = [(second, None), (tmp_path / empty, None)]
+        with pytest.raises(UsageError, match=rf"{empty}: the file is empty"):
+            fingerprints(300, 0)
 
 
 def test_skip_bad_lines_counts(tmp_path, capsys):
