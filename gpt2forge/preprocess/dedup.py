@@ -5,9 +5,9 @@ Two passes over the input, memory bounded by the signatures, never by the texts:
 1. `fingerprint_files` cuts the loose-JSON files into line-aligned ranges of SPAN_BYTES; worker
    processes read and parse a range each and turn its documents into signatures (`num_perm` x
    uint32) and exact hashes, returned in input order and appended in place (never joined from a
-   list of chunks, which would hold them twice); no text passes between processes. Per document it keeps
-   the signature, the exact hash, its key (`url`/`id`/`line:<n>`), its file, line and length:
-   ~430 bytes plus the key (~60 bytes + its length), ~0.45 GB per million documents at the
+   list of chunks, which would hold them twice); no text passes between processes. Per document
+   it keeps the signature, the exact hash, its key (`url`/`id`/`line:<n>`), its file, line and
+   length: ~430 bytes plus the key (~60 bytes + its length), ~0.45 GB per million documents at the
    defaults. Saving streams them to the file (no second copy in memory).
 2. `candidate_pairs` buckets the signatures by LSH band (vectorized sorts, one band at a time: ~40
    bytes per document); `verify_pairs` hands the candidate pairs to worker processes, which re-read
@@ -44,7 +44,7 @@ from gpt2forge.core.atomic import atomic_file
 from gpt2forge.core.errors import UsageError
 from gpt2forge.core.json_lines import json_object
 from gpt2forge.preprocess.engine import ordered_map
-from gpt2forge.preprocess.jsonl import line_starts, read_documents
+from gpt2forge.preprocess.jsonl import empty_file, line_starts, read_documents, unreadable
 from gpt2forge.preprocess.minhash import (
     MinHasher,
     MinHashParams,
@@ -180,7 +180,7 @@ def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParam
         try:
             size = Path(path).stat().st_size
         except OSError as exc:
-            raise UsageError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+            raise unreadable(path, exc) from None
         files.append((str(path), ("url", "id") if key is None else (key,), _spans(str(path), size)))
     tasks = ((path, span, text_key, fields, skip_bad_lines) for path, fields, spans in files for span in spans)
     results = ordered_map(_fingerprint_span, tasks, workers, _init, (params,))
@@ -201,8 +201,7 @@ def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParam
                     bad["bad_lines"] += r.bad_lines
                 bar.update(len(r.keys))
             if not seen:
-                raise UsageError(f"{path}: the file is empty; expected loose JSON, one object per line "
-                                 f'(e.g. {{"text": "...", "url": "..."}})')
+                raise empty_file(path)
     return Fingerprints(params, sources, keys, sigs.array(), exact.array(), np.frombuffer(source, np.int32),
                         np.frombuffer(line, np.int64), np.frombuffer(chars, np.int64))
 

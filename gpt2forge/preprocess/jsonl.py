@@ -84,7 +84,7 @@ def read_documents(path: str | Path, text_key: str = "text", key_fields: tuple[s
     try:
         f = open(path, "rb")
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+        raise unreadable(path, exc) from None
     seen_any = False
     start, end = span or (0, None)
     with f:
@@ -112,8 +112,18 @@ def read_documents(path: str | Path, text_key: str = "text", key_fields: tuple[s
             key = next((str(obj[k]) for k in key_fields if obj.get(k) not in (None, "")), f"line:{n}")
             yield Document(n, key, obj[text_key], obj)
     if not seen_any and span is None:
-        raise UsageError(f"{path}: the file is empty; expected loose JSON, one object per line "
-                         f'(e.g. {{"text": "...", "url": "..."}})')
+        raise empty_file(path)
+
+
+def unreadable(path: str | Path, exc: OSError) -> UsageError:
+    """The error for an input file that cannot be opened."""
+    return UsageError(f"{path}: cannot read ({exc.strerror}); check the path")
+
+
+def empty_file(path: str | Path) -> UsageError:
+    """The error for an input file without a non-blank line."""
+    return UsageError(f'{path}: the file is empty; expected loose JSON, one object per line (e.g. {{"text": "...", '
+                      '"url": "..."}})')
 
 
 def _line_number(path: Path, offset: int) -> int:
