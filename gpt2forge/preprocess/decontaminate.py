@@ -300,23 +300,26 @@ def _cut(text: str) -> tuple[list[str] | None, int]:
 def decontaminate_file(input_path: str | Path, output_path: str | Path, eval_paths: list[str],
                        cfg: DecontaminateConfig, *, workers: int = 1, text_key: str = "text",
                        eval_text_key: str = "text", skip_bad_lines: bool = False,
-                       load_path: str | None = None, save_path: str | None = None) -> DecontaminateSummary:
+                       load_path: str | None = None, save_path: str | None = None,
+                       span: tuple[int, int] | None = None) -> DecontaminateSummary:
     """Write `input_path` minus its overlaps with `eval_paths` to `output_path` (atomically). In cut
     mode a piece is written as the document's record with its text replaced and `"piece": k` added.
-    `load_path`: the n-gram tables saved by an earlier run's `save_path` instead of `eval_paths`."""
+    `load_path`: the n-gram tables saved by an earlier run's `save_path` instead of `eval_paths`;
+    `span`: only the lines starting in these bytes of the input (read_documents; a shard task's part)."""
     global _STATE
     if load_path is not None:
         tables = load_tables(load_path)
     else:
         tables = eval_tables(eval_paths, cfg.ngram, eval_text_key, cfg.min_ngram)
         if cfg.key_threshold is not None:
-            docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=Counter())
+            docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=Counter(),
+                                  span=span)
             tables = rare_ngrams(tables, docs, cfg.key_threshold, workers)
         if save_path is not None:
             save_tables(save_path, tables)
     _STATE = ({n: NgramSet(t) for n, t in tables.items()}, cfg)
     summary, bad = DecontaminateSummary(), Counter()
-    docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=bad)
+    docs = read_documents(input_path, text_key=text_key, skip_bad_lines=skip_bad_lines, bad=bad, span=span)
     with atomic_jsonl(output_path) as out:
         for doc, (pieces, matched) in map_texts(_cut, docs, workers):
             pieces = [doc.text] if pieces is None else pieces

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from gpt2forge.core.errors import UsageError, collect
@@ -183,3 +184,34 @@ def merge(args: argparse.Namespace) -> Stats | None:
     print(f"wrote {args.output_prefix}.bin/.idx ({dtype}, {len(args.datasets)} datasets)")
     print(stats.line())
     return stats
+
+
+def gather_documents(prefixes: list[Path], order: np.ndarray, output_prefix: Path, chunk: int = 8192) -> None:
+    """Write the documents of the datasets at `prefixes` (numbered across them, in order) into one
+    dataset at `output_prefix`, document i of it being document `order[i]`: a sharded run's
+    tokenized parts in the one-machine shuffle's order (gpt2forge.preprocess.sharded). A
+    document keeps its sequences (and an empty one its entry), so the result is byte for byte what
+    tokenizing the documents in that order writes."""
+    sets = [IndexedDataset(p) for p in prefixes]
+    dtypes = {ds.dtype for ds in sets}
+    if len(dtypes) != 1:
+        raise UsageError(f"{', '.join(map(str, prefixes))}: token dtypes differ ({', '.join(map(str, dtypes))}); "
+                         "tokenize every part with the same tokenizer")
+    counts = [ds.num_documents for ds in sets]
+    if len(order) != sum(counts):
+        raise ValueError(f"order lists {len(order)} documents, the datasets hold {sum(counts)}")
+    first = np.concatenate([[0], np.cumsum(counts)])
+    with IndexedWriter(output_prefix, dtypes.pop()) as writer:
+        for lo in range(0, len(order), chunk):
+            tokens, sizes, per_doc = [], [], []
+            block = order[lo:lo + chunk]
+            where = np.searchsorted(first, block, side="right") - 1
+            for j, d in zip(block.tolist(), where.tolist()):
+                ds, k = sets[d], j - int(first[d])
+                a, b = int(ds.doc_idx[k]), int(ds.doc_idx[k + 1])
+                tokens.append(ds.document(k))
+                sizes.append(ds.sizes[a:b])
+                per_doc.append(b - a)
+            writer.add_documents_flat(np.concatenate(tokens), np.concatenate(sizes), per_doc)
+    for ds in sets:
+        ds.close()

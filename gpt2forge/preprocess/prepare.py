@@ -14,7 +14,7 @@ its output, so every stage after it sees a changed input and re-runs too; `--ove
 Deduplication fingerprints `clean.jsonl` once (documents are rows: duplicate URLs and several input
 files need no keys); exact duplicates are removed first, then near duplicates among the rest, the
 earliest document of each group kept. Memory: the fingerprints (~0.45 GB per million documents,
-dedup.MEMORY_HELP) and the shuffle's line offsets (8 bytes per document), never the texts.
+dedup.MEMORY_HELP) and the shuffle's line offsets and order (26 bytes per document), never the texts.
 
 The stages are gpt2forge/preprocess/stages.py, the manifest gpt2forge/preprocess/manifest.py. With
 `--num-shards N` the same pipeline runs as N independent shard tasks (`--shard K`: clean and
@@ -40,6 +40,7 @@ from gpt2forge.preprocess.stages import (
     exact_stage,
     fingerprints_of,
     near_stage,
+    output_files,
     shuffle_stage,
     tokenize_stage,
 )
@@ -56,7 +57,7 @@ def check_args(args: argparse.Namespace) -> None:
         problems.append(f"--threshold {args.threshold}: must be in [0, 1]")
     if args.workers < 0:
         problems.append(f"--workers {args.workers}: must be >= 0")
-    problems += sharded.check_args(args.shard, args.num_shards)
+    problems += sharded.check_args(args.shard, args.num_shards, args.two_passes)
     if problems:
         raise UsageError("; ".join(problems))
 
@@ -89,7 +90,7 @@ def prepare_corpus(args: argparse.Namespace) -> Manifest:
     settings = stage_settings(args, clean_cfg, params, decon_cfg)
     inputs = [Path(p) for p in args.input]
     if args.shard is not None:
-        return sharded.run_task(args, inputs, settings, clean_cfg, params)
+        return sharded.run_task(args, inputs, settings, clean_cfg, params, decon_cfg)
     with hold_folder(out_dir):
         return _run_stages(args, out_dir, inputs, settings, clean_cfg, params, decon_cfg)
 
@@ -98,30 +99,41 @@ def _run_stages(args: argparse.Namespace, out_dir: Path, inputs: list[Path], set
                 clean_cfg: clean.CleanConfig, params: MinHashParams,
                 decon_cfg: decontaminate.DecontaminateConfig) -> Manifest:
     """The one-machine run's stages, or the merge's, each skipped where the manifest says it is complete."""
-    layout = {"num_shards": args.num_shards} if args.num_shards else {}
+    layout = {"num_shards": args.num_shards, "two_passes": args.two_passes} if args.num_shards else {}
     m = Manifest(out_dir, {"input": list(map(str, args.input)), **layout, "stages": settings}, args.overwrite,
                  STAGES)
-    files = {name: out_dir / f"{name}.jsonl" for name in ("clean", "exact", "near", "decontaminated", "shuffled")}
-    fp_path = out_dir / "fingerprints.npz"
+    files = output_files(out_dir)
+    evals = [Path(p) for p in args.eval_files or []]
     if args.num_shards:  # the merge: the shard tasks' clean files and fingerprints, in shard order
-        sharded.merge_shards(m, args.num_shards, inputs, settings, fp_path, files["exact"])
+        sharded.merge_shards(m, args.num_shards, inputs, settings, files["fingerprints"], files["exact"])
     else:
         m.run("clean", inputs, [files["clean"]], settings["clean"],
               lambda: clean_stage([(p, None) for p in inputs], files["clean"], clean_cfg, args))
-        m.run("exact_dedup", [files["clean"]], [fp_path, files["exact"]], settings["exact_dedup"],
-              lambda: exact_stage(fingerprints_of(files["clean"], params, args), fp_path, files["exact"]))
-    m.run("near_dedup", [fp_path, files["exact"]], [files["near"]], settings["near_dedup"],
-          lambda: near_stage(fp_path, files["near"], args))
-    m.run("decontaminate", [files["near"], *map(Path, args.eval_files or [])], [files["decontaminated"]],
-          settings["decontaminate"], lambda: decontaminate_stage(files["near"], files["decontaminated"],
-                                                                 decon_cfg, args))
+        m.run("exact_dedup", [files["clean"]], [files["fingerprints"], files["exact"]], settings["exact_dedup"],
+              lambda: exact_stage(fingerprints_of(files["clean"], params, args), files["fingerprints"],
+                                  files["exact"]))
+    m.run("near_dedup", [files["fingerprints"], files["exact"]], [files["near"]], settings["near_dedup"],
+          lambda: near_stage(files["fingerprints"], files["near"], args))
+    if args.two_passes:  # the shard tasks decontaminate and tokenize their parts of near.jsonl
+        folders = sharded.second_pass_parts(m, args, settings)
+        if folders is None:
+            return m
+        texts, token_files = sharded.second_pass_files(folders, args.text_key)
+        m.run("decontaminate", [*texts, *evals], [], settings["decontaminate"],
+              lambda: sharded.gathered_decontamination(folders))
+    else:
+        texts, token_files = [files["decontaminated"]], []
+        m.run("decontaminate", [files["near"], *evals], texts, settings["decontaminate"],
+              lambda: decontaminate_stage(files["near"], files["decontaminated"], decon_cfg, args))
     chars = m.stages["decontaminate"]["chars_out"]
-    m.run("shuffle", [files["decontaminated"]], [files["shuffled"]], settings["shuffle"],
-          lambda: shuffle_stage(files["decontaminated"], files["shuffled"], args.shuffle_seed, chars))
+    m.run("shuffle", texts, [files["shuffled"]], settings["shuffle"],
+          lambda: shuffle_stage(texts, files["shuffled"], args.shuffle_seed, chars))
     if args.output_prefix:
         prefix = f"{args.output_prefix}_{args.text_key}_document"
-        m.run("tokenize", [files["shuffled"]], [Path(prefix + ".bin"), Path(prefix + ".idx")],
-              settings["tokenize"], lambda: tokenize_stage(files["shuffled"], args, chars))
+        tokenize = (lambda: sharded.gathered_tokens(args, folders, files["shuffled"], chars)) if args.two_passes \
+            else (lambda: tokenize_stage(files["shuffled"], args, chars))
+        m.run("tokenize", [files["shuffled"], *token_files], [Path(prefix + ".bin"), Path(prefix + ".idx")],
+              settings["tokenize"], tokenize)
     elif m.stages.pop("tokenize", None):  # tokenized by an earlier run, not this one
         m.save()
     if args.manifest:
@@ -134,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="data/prepare_corpus.py",
         description="Raw loose JSON -> cleaned, deduplicated, decontaminated, shuffled corpus (and optionally "
                     "Megatron .bin/.idx), one resumable command with a manifest.json of every stage. "
-                    f"{dedup.MEMORY_HELP}; the shuffle keeps 16 bytes per document.")
+                    f"{dedup.MEMORY_HELP}; the shuffle keeps 26 bytes per document.")
     p.add_argument("--input", nargs="+", required=True, help="raw loose-JSON files, one object per line")
     p.add_argument("--output-dir", required=True, help="folder for every stage's file and manifest.json")
     p.add_argument("--eval-files", nargs="*", default=[],
@@ -160,6 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-shards", type=int, default=0,
                    help="run as N shard tasks plus one merge, whose outputs equal the one-machine run's; "
                         "without --shard: the merge, once every task is complete (0: one machine)")
+    s.add_argument("--two-passes", action="store_true",
+                   help="the shard tasks also decontaminate and tokenize, each a part of the merge's near.jsonl, "
+                        "in a second array run after the merge's deduplication; the merge, run again once they "
+                        "are complete, shuffles and writes the .bin/.idx (four submissions: array, merge, array, "
+                        "merge; the same outputs)")
     s.add_argument("--shard", type=int, default=None,
                    help="this shard task's index K in [0, N): cleans and fingerprints the K-th of N equal byte "
                         "ranges of the inputs into <output-dir>/shards/ (a job array's task id)")

@@ -34,16 +34,30 @@ from pathlib import Path
 import numpy as np
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.preprocess import clean, dedup
+from gpt2forge.preprocess import clean, decontaminate, dedup, megatron
 from gpt2forge.preprocess.manifest import Manifest, hold_folder
 from gpt2forge.preprocess.minhash import MinHashParams
-from gpt2forge.preprocess.stages import clean_stage, exact_stage, fingerprints_of, stage_record
+from gpt2forge.preprocess.recipe import recipe_path, write_recipe
+from gpt2forge.preprocess.stages import (
+    clean_stage,
+    decontaminate_stage,
+    exact_stage,
+    fingerprints_of,
+    output_files,
+    shuffle_order,
+    stage_record,
+    tokenize_stage,
+)
 
-TASK_STAGES = ("clean", "fingerprint")
+FIRST_PASS = ("clean", "fingerprint")
+SECOND_PASS = ("decontaminate", "tokenize")  # --two-passes: after the merge's dedup
+TASK_STAGES = FIRST_PASS + SECOND_PASS
+_RECORD_KEYS = ("docs_in", "docs_out", "chars_in", "chars_out", "removed", "examples", "settings", "inputs",
+                "outputs", "seconds")
 
 
-def check_args(shard: int | None, num_shards: int) -> list[str]:
-    """The problems of a --shard / --num-shards pair, one line each (empty: none)."""
+def check_args(shard: int | None, num_shards: int, two_passes: bool = False) -> list[str]:
+    """The problems of --shard / --num-shards / --two-passes, one line each (empty: none)."""
     if num_shards < 0:
         return [f"--num-shards {num_shards}: must be >= 1 (or 0: one machine)"]
     if shard is not None and not num_shards:
@@ -51,6 +65,8 @@ def check_args(shard: int | None, num_shards: int) -> list[str]:
     if shard is not None and not 0 <= shard < num_shards:
         return [f"--shard {shard}: must be in [0, {num_shards - 1}] for --num-shards {num_shards} "
                 f"(Slurm: --array=0-{num_shards - 1}; PBS: -J 0-{num_shards - 1})"]
+    if two_passes and not num_shards:
+        return ["--two-passes: needs --num-shards N (it splits a sharded run's later stages over the shard tasks)"]
     return []
 
 
@@ -76,12 +92,24 @@ def shard_dir(out_dir: Path, shard: int, num_shards: int) -> Path:
 
 
 def _task_settings(settings: dict, part: list[tuple[str, int, int]]) -> dict:
-    """A task's stage settings: the one-machine clean settings plus its part, the fingerprints'."""
-    return {"clean": settings["clean"] | {"part": part}, "fingerprint": settings["exact_dedup"]}
+    """A task's stage settings: the one-machine clean settings plus its part, the fingerprints', and
+    for a second pass decontamination's and tokenization's (not where the merge writes its .bin/.idx)."""
+    task = {"clean": settings["clean"] | {"part": part}, "fingerprint": settings["exact_dedup"],
+            "decontaminate": settings["decontaminate"]}
+    if "tokenize" in settings:
+        task["tokenize"] = {k: v for k, v in settings["tokenize"].items() if k != "output_prefix"}
+    return task
 
 
 def _task_files(folder: Path) -> tuple[Path, Path]:
     return folder / "clean.jsonl", folder / "fingerprints.npz"
+
+
+def _second_files(folder: Path, text_key: str) -> tuple[Path, str, list[Path]]:
+    """A task's second-pass files: its part of the corpus decontaminated, and the prefix and files
+    of that part tokenized."""
+    prefix = f"{folder / 'tokens'}_{text_key}_document"
+    return folder / "decontaminated.jsonl", prefix, [Path(prefix + ".bin"), Path(prefix + ".idx")]
 
 
 def _no_fingerprints(params: MinHashParams) -> dedup.Fingerprints:
@@ -91,21 +119,26 @@ def _no_fingerprints(params: MinHashParams) -> dedup.Fingerprints:
 
 
 def run_task(args: argparse.Namespace, inputs: list[Path], settings: dict, clean_cfg: clean.CleanConfig,
-             params: MinHashParams) -> Manifest:
-    """Shard task `args.shard` of `args.num_shards`: its part cleaned and fingerprinted (or skipped
-    where its manifest says so); returns the task's manifest."""
+             params: MinHashParams, decon_cfg: decontaminate.DecontaminateConfig) -> Manifest:
+    """Shard task `args.shard` of `args.num_shards`: its part cleaned and fingerprinted, and with
+    --two-passes, once the merge's dedup is complete, its part of near.jsonl decontaminated and
+    tokenized (each stage skipped where its manifest says so); returns the task's manifest."""
     k, n = args.shard, args.num_shards
     part = parts(inputs, n)[k]
     folder = shard_dir(Path(args.output_dir), k, n)
     folder.mkdir(parents=True, exist_ok=True)
     with hold_folder(folder):
-        return _task_stages(args, inputs, _task_settings(settings, part), clean_cfg, params, part, folder)
+        m = _task_stages(args, inputs, _task_settings(settings, part), clean_cfg, params, part, folder)
+        if args.two_passes:
+            _second_pass(args, m, settings, decon_cfg, folder)
+        return m
 
 
 def _task_stages(args: argparse.Namespace, inputs: list[Path], task: dict, clean_cfg: clean.CleanConfig,
                  params: MinHashParams, part: list[tuple[str, int, int]], folder: Path) -> Manifest:
     k, n = args.shard, args.num_shards
-    m = Manifest(folder, {"input": list(map(str, args.input)), "shard": k, "num_shards": n, "stages": task},
+    m = Manifest(folder, {"input": list(map(str, args.input)), "shard": k, "num_shards": n,
+                          "two_passes": args.two_passes, "stages": task},
                  args.overwrite, TASK_STAGES, may_empty=True)
     clean_path, fp_path = _task_files(folder)
     spans = [(Path(path), (start, end)) for path, start, end in part]
@@ -117,12 +150,42 @@ def _task_stages(args: argparse.Namespace, inputs: list[Path], task: dict, clean
         return stage_record(len(fp), len(fp), kept["chars_out"], kept["chars_out"], {}, {})
 
     m.run("fingerprint", [clean_path], [fp_path], task["fingerprint"], fingerprint)
-    print(f"shard {k} of {n}: complete in {folder}")
+    if not args.two_passes:
+        print(f"shard {k} of {n}: complete in {folder}")
     return m
 
 
+def dedup_complete(out_dir: Path, settings: dict) -> bool:
+    """Whether the merge in `out_dir` has finished near dedup (near.jsonl) with these settings."""
+    files = output_files(out_dir)
+    return Manifest(out_dir, {}, False, ()).complete("near_dedup", [files["fingerprints"], files["exact"]],
+                                                     [files["near"]], settings["near_dedup"])
+
+
+def _second_pass(args: argparse.Namespace, m: Manifest, settings: dict, decon_cfg: decontaminate.DecontaminateConfig,
+                 folder: Path) -> None:
+    """The task's K-th of N line-aligned byte ranges of the merge's near.jsonl, decontaminated and
+    tokenized into its folder; or, before the merge has deduplicated, a line saying what is next."""
+    k, n = args.shard, args.num_shards
+    if not dedup_complete(Path(args.output_dir), settings):
+        print(f"shard {k} of {n}: first pass complete in {folder}; next: the merge (deduplication), then this "
+              "task again for its second pass (--two-passes)")
+        return
+    near = output_files(Path(args.output_dir))["near"]
+    span = next(((start, end) for _, start, end in parts([near], n)[k]), (0, 0))  # (0, 0): no line of its own
+    task = m.settings["stages"]
+    dec, prefix, token_files = _second_files(folder, args.text_key)
+    evals = [Path(p) for p in args.eval_files or []]
+    kept = m.run("decontaminate", [near, *evals], [dec], task["decontaminate"],
+                 lambda: decontaminate_stage(near, dec, decon_cfg, args, span))
+    if args.output_prefix:
+        m.run("tokenize", [dec], token_files, task["tokenize"],
+              lambda: tokenize_stage(dec, args, kept["chars_out"], output_prefix=str(folder / "tokens")))
+    print(f"shard {k} of {n}: second pass complete in {folder}")
+
+
 def unfinished(out_dir: Path, inputs: list[Path], settings: dict, num_shards: int) -> list[int]:
-    """The tasks whose manifest does not record both stages complete for these inputs and settings."""
+    """The tasks whose manifest does not record both first-pass stages complete for these inputs and settings."""
     missing = []
     for k, part in enumerate(parts(inputs, num_shards)):
         folder = shard_dir(out_dir, k, num_shards)
@@ -134,15 +197,32 @@ def unfinished(out_dir: Path, inputs: list[Path], settings: dict, num_shards: in
     return missing
 
 
-def _gathered_clean(records: list[dict]) -> dict:
-    """The tasks' clean records as the one-machine run's: counts summed, the first examples per rule."""
+def _unfinished_second(out_dir: Path, settings: dict, num_shards: int, args: argparse.Namespace) -> list[int]:
+    """The tasks whose manifest does not record their second pass complete on this near.jsonl."""
+    near, evals = output_files(out_dir)["near"], [Path(p) for p in args.eval_files or []]
+    missing = []
+    for k in range(num_shards):
+        folder = shard_dir(out_dir, k, num_shards)
+        task = _task_settings(settings, [])
+        dec, _, token_files = _second_files(folder, args.text_key)
+        m = Manifest(folder, {}, False, TASK_STAGES)
+        if not (m.complete("decontaminate", [near, *evals], [dec], task["decontaminate"])
+                and ("tokenize" not in task or m.complete("tokenize", [dec], token_files, task["tokenize"]))):
+            missing.append(k)
+    return missing
+
+
+def _gathered(records: list[dict]) -> dict:
+    """The tasks' records of one stage as the one-machine run's: counts summed (their own too, e.g.
+    bad_lines, tokens), the first examples per rule in shard order."""
     removed, examples = Counter(), {}
     for r in records:
         removed.update(r["removed"])
         for rule, texts in r["examples"].items():
             examples.setdefault(rule, []).extend(texts)
     total = {key: sum(r[key] for r in records) for key in ("docs_in", "docs_out", "chars_in", "chars_out")}
-    return stage_record(**total, removed=removed, bad_lines=sum(r.get("bad_lines", 0) for r in records),
+    extra = {key: sum(r[key] for r in records) for key in records[0] if key not in _RECORD_KEYS}
+    return stage_record(**total, removed=removed, **extra,
                         examples={rule: texts[:clean.EXAMPLES_PER_RULE] for rule, texts in examples.items()})
 
 
@@ -163,6 +243,52 @@ def merge_shards(m: Manifest, num_shards: int, inputs: list[Path], settings: dic
     records = [Manifest(f, {}, False, TASK_STAGES).stages["clean"] for f in folders]
     cleaned = [_task_files(f)[0] for f, r in zip(folders, records) if r["docs_out"]]  # empty parts: no rows
     fps = [_task_files(f)[1] for f in folders]
-    m.run("clean", cleaned, [], settings["clean"], lambda: _gathered_clean(records))
+    m.run("clean", cleaned, [], settings["clean"], lambda: _gathered(records))
     m.run("exact_dedup", cleaned + fps, [fp_path, exact_path], settings["exact_dedup"],
           lambda: exact_stage(dedup.concat([dedup.load_fingerprints(p) for p in fps]), fp_path, exact_path))
+
+
+def second_pass_parts(m: Manifest, args: argparse.Namespace, settings: dict) -> list[Path] | None:
+    """With --two-passes, after the merge's near dedup: the tasks' folders, in shard order, when every
+    task has decontaminated (and tokenized) its part of near.jsonl. Otherwise None, printing what to
+    run next, when this merge has just deduplicated; a UsageError naming the tasks to rerun when
+    dedup was already complete (the second pass ran, or should have)."""
+    out_dir, n = m.path.parent, args.num_shards
+    missing = _unfinished_second(out_dir, settings, n, args)
+    if not missing:
+        return [shard_dir(out_dir, k, n) for k in range(n)]
+    ids = ",".join(map(str, missing))
+    if "near_dedup" in m.skipped:
+        raise UsageError(f"--two-passes: shard task(s) {ids} have not decontaminated and tokenized their part of "
+                         f"{out_dir / 'near.jsonl'} (not run since the merge's dedup, killed, or run with other "
+                         f"flags); run them again with these flags and --shard K (e.g. sbatch --array={ids} "
+                         "run/prepare_corpus_array.sbatch ...), then the merge")
+    print(f"deduplication complete in {out_dir}; next, the second pass: the shard tasks again with these flags "
+          f"(sbatch --array=0-{n - 1} run/prepare_corpus_array.sbatch ...), then this merge again")
+    return None
+
+
+def second_pass_files(folders: list[Path], text_key: str) -> tuple[list[Path], list[Path]]:
+    """The tasks' decontaminated parts and their tokenized files (.bin, .idx of each), in shard order."""
+    files = [_second_files(f, text_key) for f in folders]
+    return [dec for dec, _, _ in files], [p for _, _, tokens in files for p in tokens]
+
+
+def gathered_decontamination(folders: list[Path]) -> dict:
+    """The merge's `decontaminate` record with --two-passes: the tasks' records gathered."""
+    return _gathered([Manifest(f, {}, False, TASK_STAGES).stages["decontaminate"] for f in folders])
+
+
+def gathered_tokens(args: argparse.Namespace, folders: list[Path], shuffled: Path, chars: int) -> dict:
+    """The merge's `tokenize` stage with --two-passes: the tasks' tokenized parts, documents put in the
+    shuffle's order, into --output-prefix's .bin/.idx, byte for byte what tokenizing `shuffled` writes
+    (each document is tokenized alone); its record is the tasks' gathered, `chars` of text in."""
+    records = [Manifest(f, {}, False, TASK_STAGES).stages["tokenize"] for f in folders]
+    parts_ = [_second_files(f, args.text_key)[1] for f in folders]
+    prefix = f"{args.output_prefix}_{args.text_key}_document"
+    recipe_path(prefix).unlink(missing_ok=True)
+    order = shuffle_order(sum(r["docs_in"] for r in records), args.shuffle_seed)
+    megatron.gather_documents([Path(p) for p in parts_], order, Path(prefix))
+    spec = megatron.tokenizer_spec(args)
+    write_recipe(prefix, shuffled, args.text_key, args.append_eod, spec, megatron.check_eod(spec, args.append_eod))
+    return _gathered(records) | {"chars_in": chars, "chars_out": chars}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import contextlib
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +20,13 @@ from gpt2forge.core.atomic import atomic_file
 from gpt2forge.preprocess import clean, decontaminate, dedup, megatron
 from gpt2forge.preprocess.jsonl import atomic_jsonl, read_documents
 from gpt2forge.preprocess.minhash import MinHashParams
+
+
+def output_files(out_dir: Path) -> dict[str, Path]:
+    """The files of the one-machine run (and of a sharded run's merge) in --output-dir, by name:
+    clean, fingerprints, exact, near, decontaminated, shuffled (the .bin/.idx are --output-prefix's)."""
+    names = ("clean", "exact", "near", "decontaminated", "shuffled")
+    return {name: out_dir / f"{name}.jsonl" for name in names} | {"fingerprints": out_dir / "fingerprints.npz"}
 
 
 def stage_record(docs_in: int, docs_out: int, chars_in: int, chars_out: int, removed: dict, examples: dict,
@@ -90,10 +98,12 @@ def near_stage(fp_path: Path, output: Path, args: argparse.Namespace) -> dict:
 
 
 def decontaminate_stage(src: Path, output: Path, cfg: decontaminate.DecontaminateConfig,
-                        args: argparse.Namespace) -> dict:
+                        args: argparse.Namespace, span: tuple[int, int] | None = None) -> dict:
+    """The documents of `src` (those starting in `span`'s bytes, when given) minus their overlaps
+    with the evaluation files."""
     s = decontaminate.decontaminate_file(src, output, [str(p) for p in args.eval_files or []], cfg,
                                          workers=args.workers, text_key=args.text_key,
-                                         eval_text_key=args.eval_text_key)
+                                         eval_text_key=args.eval_text_key, span=span)
     return stage_record(s.docs_in, s.pieces_out, s.chars_in, s.chars_out, {"contaminated": s.docs_contaminated},
                    {"contaminated": s.examples} if s.examples else {}, ngrams_matched=s.ngrams_matched)
 
@@ -111,22 +121,34 @@ def line_offsets(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64)
 
 
-def shuffle_stage(src: Path, output: Path, seed: int, chars: int) -> dict:
-    """Lines of `src` in a seeded random order, streamed: memory is the line offsets and the
-    permutation (24 bytes per document), never the texts; each line is read by seeking."""
-    starts, ends = line_offsets(src)
-    order = np.random.default_rng(seed).permutation(len(starts))
-    with open(src, "rb") as f, atomic_file(output) as out:
+def shuffle_order(count: int, seed: int) -> np.ndarray:
+    """The shuffle's permutation of `count` documents: output line i is input line order[i]."""
+    return np.random.default_rng(seed).permutation(count)
+
+
+def shuffle_stage(srcs: list[Path], output: Path, seed: int, chars: int) -> dict:
+    """Lines of `srcs` (read as one file, in order) in a seeded random order, streamed: memory is
+    the line offsets and the permutation (26 bytes per document), never the texts; each line is
+    read by seeking."""
+    offsets = [line_offsets(src) for src in srcs]
+    starts = np.concatenate([s for s, _ in offsets])
+    ends = np.concatenate([e for _, e in offsets])
+    file_of = np.repeat(np.arange(len(srcs), dtype=np.int16), [len(s) for s, _ in offsets])
+    order = shuffle_order(len(starts), seed)
+    with contextlib.ExitStack() as stack, atomic_file(output) as out:
+        files = [stack.enter_context(open(src, "rb")) for src in srcs]
         for i in order.tolist():
+            f = files[file_of[i]]
             f.seek(starts[i])
             line = f.read(int(ends[i] - starts[i]))
             out.write(line if line.endswith(b"\n") else line + b"\n")
     return stage_record(len(order), len(order), chars, chars, {}, {})
 
 
-def tokenize_stage(src: Path, args: argparse.Namespace, chars: int) -> dict:
-    """preprocess_data.py on the shuffled corpus (`chars` of text in); records tokens, not characters, out."""
-    argv = ["--input", str(src), "--output-prefix", args.output_prefix, "--json-key", args.text_key,
+def tokenize_stage(src: Path, args: argparse.Namespace, chars: int, output_prefix: str | None = None) -> dict:
+    """preprocess_data.py on the shuffled corpus (`chars` of text in) into `output_prefix` (default
+    --output-prefix); records tokens, not characters, out."""
+    argv = ["--input", str(src), "--output-prefix", output_prefix or args.output_prefix, "--json-key", args.text_key,
             "--tokenizer-type", args.tokenizer_type, "--workers", str(max(1, args.workers)), "--overwrite"]
     for flag, value in (("--vocab-file", args.vocab_file), ("--merge-file", args.merge_file),
                         ("--tokenizer-name-or-path", args.tokenizer_name_or_path)):

@@ -1,11 +1,11 @@
 """data/prepare_corpus.py as users run it on many machines: a job array of shard tasks, then one
-merge, on namespaced nodes with the scheduler stand-ins (run/prepare_corpus_array.pbs through
-`qsub -J`, run/prepare_corpus_array.sbatch through `sbatch --array` and `srun`). The merge's
-outputs equal the one-machine run's on the same input byte for byte, exact.jsonl through the
-.bin/.idx, and its manifest's counts equal that run's. A task killed (SIGKILL) in its fingerprint
-stage fails the array and the merge refuses to start, naming it; rerun alone, it skips the clean
-stage it had finished, and resubmitting the whole array redoes nothing (every task's manifest and
-files unchanged).
+merge (or with --two-passes: array, merge, array, merge), on namespaced nodes with the scheduler
+stand-ins (run/prepare_corpus_array.pbs through `qsub -J`, run/prepare_corpus_array.sbatch through
+`sbatch --array` and `srun`). The merge's outputs equal the one-machine run's on the same input
+byte for byte, exact.jsonl through the .bin/.idx, and its manifest's counts equal that run's. A task
+killed (SIGKILL) in its fingerprint stage fails the array and the merge refuses to start, naming it;
+rerun alone, it skips the clean stage it had finished, and resubmitting the whole array redoes
+nothing (every task's manifest and files unchanged).
 
 Corpus: benchmarks/web_corpus.py's (planted exact and near duplicates, some of whose originals fall
 in an earlier shard, so the merge's choices cross shards; passages of a small evaluation file).
@@ -29,7 +29,8 @@ web_corpus = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(web_corpus)
 
 DOCS = 160
-COMPARED = ("exact.jsonl", "near.jsonl", "decontaminated.jsonl", "shuffled.jsonl", "corpus_text_document.bin",
+DECONTAMINATED = "decontaminated.jsonl"
+COMPARED = ("exact.jsonl", "near.jsonl", DECONTAMINATED, "shuffled.jsonl", "corpus_text_document.bin",
             "corpus_text_document.idx")
 EVAL_TEXT = ("The lighthouse keeper counted seventeen gulls on the northern rocks before the storm arrived and "
              "wrote their number in the ledger beside the price of lamp oil the weight of the bread delivered on "
@@ -79,11 +80,15 @@ def submit(node, argv: list[str], env: dict | None = None) -> tuple[int, str]:
     return job.returncode, out
 
 
-def assert_equals_one_machine(corpus: dict, out: Path, num_shards: int) -> None:
-    assert {name: (out / name).read_bytes() for name in COMPARED} == corpus["one"]
+def assert_equals_one_machine(corpus: dict, out: Path, num_shards: int, two_passes: bool = False) -> None:
+    """Second pass: decontaminated.jsonl is the tasks' parts, in shard order."""
+    tasks = [out / "shards" / f"{k:05d}-of-{num_shards:05d}" for k in range(num_shards)]
+    found = {name: (out / name).read_bytes() for name in COMPARED if not (two_passes and name == DECONTAMINATED)}
+    if two_passes:
+        found[DECONTAMINATED] = b"".join((t / DECONTAMINATED).read_bytes() for t in tasks)
+    assert found == corpus["one"]
     assert counts(json.loads((out / "manifest.json").read_text())["stages"]) == counts(corpus["stages"])
-    shard_of = {json.loads(line)["id"]: k for k in range(num_shards)
-                for line in (out / "shards" / f"{k:05d}-of-{num_shards:05d}" / "clean.jsonl").open()}
+    shard_of = {json.loads(line)["id"]: k for k in range(num_shards) for line in (tasks[k] / "clean.jsonl").open()}
     removed = set(shard_of) - {json.loads(line)["id"] for line in (out / "near.jsonl").open()}
     truth = corpus["truth"]
     originals = {i: of for kind in ("exact_duplicates", "near_duplicates")
@@ -92,17 +97,23 @@ def assert_equals_one_machine(corpus: dict, out: Path, num_shards: int) -> None:
         "no duplicate's original is in an earlier shard: the corpus does not test the merge's choices"
 
 
-def test_pbs_array_of_four_subjobs_on_three_nodes_then_the_merge_equals_one_machine(cluster, corpus, tmp_path):
+def test_pbs_in_two_passes_arrays_of_four_subjobs_on_three_nodes_and_the_merge_equals_one_machine(cluster, corpus,
+                                                                                               tmp_path):
+    """--two-passes: array, merge (dedup), array (decontaminate, tokenize), merge (shuffle, .bin/.idx)."""
     c = cluster(3)
     out = tmp_path / "out"
-    variables = "PREPARE_FLAGS=" + " ".join(flags(corpus, out, "--num-shards", "4"))
-    code, log = submit(c.nodes[0], ["qsub", "-W", "block=true", "-J", "0-3", "-v", variables,
-                                    "run/prepare_corpus_array.pbs"])
+    variables = "PREPARE_FLAGS=" + " ".join(flags(corpus, out, "--num-shards", "4", "--two-passes"))
+    array, merge = (["qsub", "-W", "block=true", *extra, "-v", variables, "run/prepare_corpus_array.pbs"]
+                    for extra in (["-J", "0-3"], []))
+    code, log = submit(c.nodes[0], array)
+    assert code == 0 and all(f"shard {k} of 4: first pass complete" in log for k in range(4)), log[-4000:]
+    code, log = submit(c.nodes[1], merge)
+    assert code == 0 and "next, the second pass" in log, log[-4000:]
+    code, log = submit(c.nodes[2], array)
+    assert code == 0 and all(f"shard {k} of 4: second pass complete" in log for k in range(4)), log[-4000:]
+    code, log = submit(c.nodes[1], merge)
     assert code == 0, log[-4000:]
-    assert all(f"shard {k} of 4: complete" in log for k in range(4)), log[-4000:]
-    code, log = submit(c.nodes[1], ["qsub", "-W", "block=true", "-v", variables, "run/prepare_corpus_array.pbs"])
-    assert code == 0, log[-4000:]
-    assert_equals_one_machine(corpus, out, 4)
+    assert_equals_one_machine(corpus, out, 4, two_passes=True)
 
 
 def test_slurm_array_with_a_killed_task_reruns_it_alone_and_the_merge_equals_one_machine(cluster, corpus, tmp_path):

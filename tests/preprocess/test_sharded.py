@@ -51,9 +51,17 @@ def web(tmp_path) -> Path:
     spec = importlib.util.spec_from_file_location("web_corpus", ROOT / "benchmarks" / "web_corpus.py")
     web_corpus = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(web_corpus)
-    (tmp_path / "eval.jsonl").write_text(json.dumps({"text": " ".join(f"w{i}" for i in range(60))}) + "\n")
+    passage = ("The ferry had not come for nine days because the harbour master feared the swell more than he "
+               "feared the mayor, so the keeper counted the gulls on the northern rocks, wrote their number in the "
+               "ledger beside the price of lamp oil and the weight of the bread, and waited for the storm to pass")
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"text": passage}) + "\n")
     web_corpus.write_corpus(90, tmp_path / "web.jsonl", tmp_path / "truth.json", seed=4,
                             contaminate=[tmp_path / "eval.jsonl"])
+    letter = ("A letter from the coast, read aloud at the village meeting last winter. " + passage + ". The rest of "
+              "the letter was about the weather, the price of coal, the school that needed a new roof, and the "
+              "neighbours who had promised to mend the fences before the sheep were brought down from the hills. ")
+    with open(tmp_path / "web.jsonl", "a") as f:  # one document sure to be found (planting is by chance)
+        f.write(json.dumps({"text": letter * 3}) + "\n")
     return tmp_path
 
 
@@ -80,10 +88,51 @@ def test_shard_tasks_then_merge_equal_one_machine_and_an_early_merge_names_the_m
     assert one["exact_dedup"]["removed"] and one["near_dedup"]["removed"]
 
 
+def _records(stages: dict) -> dict:
+    """A manifest's records without what differs between folders and runs (paths, times, the prefix)."""
+    return {name: {k: v for k, v in r.items() if k not in ("inputs", "outputs", "seconds")}
+            | {"settings": {k: v for k, v in r["settings"].items() if k != "output_prefix"}}
+            for name, r in stages.items()}
+
+
+@pytest.mark.slow
+def test_two_passes_decontaminate_and_tokenize_in_the_tasks_and_equal_one_machine(web, capsys):
+    tokens = ["--append-eod", "--output-prefix"]
+    prepare_corpus(build_parser().parse_args(_flags(web, "one", *tokens, str(web / "one" / "corpus"))))
+    two = _flags(web, "two", *tokens, str(web / "two" / "corpus"), "--num-shards", "4", "--two-passes")
+    capsys.readouterr()
+    for k in (2, 0, 3, 1):
+        prepare_corpus(build_parser().parse_args([*two, "--shard", str(k)]))
+        assert f"shard {k} of 4: first pass complete" in capsys.readouterr().out
+    merge = prepare_corpus(build_parser().parse_args(two))
+    assert "next, the second pass: the shard tasks again" in capsys.readouterr().out
+    assert list(merge.stages) == ["clean", "exact_dedup", "near_dedup"]
+    prepare_corpus(build_parser().parse_args([*two, "--shard", "1"]))
+    with pytest.raises(UsageError, match=r"shard task\(s\) 0,2,3 have not decontaminated .*--array=0,2,3"):
+        prepare_corpus(build_parser().parse_args(two))
+    for k in (3, 0, 2):
+        prepare_corpus(build_parser().parse_args([*two, "--shard", str(k)]))
+    capsys.readouterr()
+    task = prepare_corpus(build_parser().parse_args([*two, "--shard", "1"]))  # every stage already complete
+    assert task.skipped == ["clean", "fingerprint", "decontaminate", "tokenize"]
+    assert "shard 1 of 4: second pass complete" in capsys.readouterr().out
+    merge = prepare_corpus(build_parser().parse_args(two))
+    one, out = web / "one", web / "two"
+    for name in ("exact.jsonl", "near.jsonl", "shuffled.jsonl", "corpus_text_document.bin",
+                 "corpus_text_document.idx"):
+        assert (out / name).read_bytes() == (one / name).read_bytes(), name
+    parts = b"".join((sharded.shard_dir(out, k, 4) / "decontaminated.jsonl").read_bytes() for k in range(4))
+    assert parts == (one / "decontaminated.jsonl").read_bytes()
+    stages = json.loads((one / "manifest.json").read_text())["stages"]
+    assert _records(merge.stages) == _records(stages)
+    assert stages["decontaminate"]["removed"] and stages["tokenize"]["tokens"]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--shard", "1"], "--shard 1: needs --num-shards N"),
     (["--shard", "3", "--num-shards", "3"], r"--shard 3: must be in \[0, 2\] for --num-shards 3 .*--array=0-2"),
     (["--num-shards", "-1"], "--num-shards -1: must be >= 1"),
+    (["--two-passes"], "--two-passes: needs --num-shards N"),
 ])
 def test_bad_shard_flags_stop_with_one_line(tmp_path, extra, message):
     (tmp_path / "raw.jsonl").write_text('{"text": "x"}\n')
