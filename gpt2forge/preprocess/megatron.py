@@ -9,6 +9,7 @@ document entry. Beside it, `<prefix>.source.json` records the input and tokenize
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,27 +192,33 @@ def gather_documents(prefixes: list[Path], order: np.ndarray, output_prefix: Pat
     dataset at `output_prefix`, document i of it being document `order[i]`: a sharded run's
     tokenized parts in the one-machine shuffle's order (gpt2forge.preprocess.sharded). A
     document keeps its sequences (and an empty one its entry), so the result is byte for byte what
-    tokenizing the documents in that order writes."""
+    tokenizing the documents in that order writes. Tokens are read with pread, not mapped, so the
+    parts' pages do not count in this process's memory."""
     sets = [IndexedDataset(p) for p in prefixes]
     dtypes = {ds.dtype for ds in sets}
     if len(dtypes) != 1:
         raise UsageError(f"{', '.join(map(str, prefixes))}: token dtypes differ ({', '.join(map(str, dtypes))}); "
                          "tokenize every part with the same tokenizer")
+    dtype = dtypes.pop()
     counts = [ds.num_documents for ds in sets]
     if len(order) != sum(counts):
         raise ValueError(f"order lists {len(order)} documents, the datasets hold {sum(counts)}")
     first = np.concatenate([[0], np.cumsum(counts)])
-    with IndexedWriter(output_prefix, dtypes.pop()) as writer:
+    with contextlib.ExitStack() as stack, IndexedWriter(output_prefix, dtype) as writer:
+        fds = [stack.enter_context(open(f"{p}.bin", "rb")).fileno() for p in prefixes]
         for lo in range(0, len(order), chunk):
             tokens, sizes, per_doc = [], [], []
             block = order[lo:lo + chunk]
-            where = np.searchsorted(first, block, side="right") - 1
-            for j, d in zip(block.tolist(), where.tolist()):
+            for j, d in zip(block.tolist(), (np.searchsorted(first, block, side="right") - 1).tolist()):
                 ds, k = sets[d], j - int(first[d])
                 a, b = int(ds.doc_idx[k]), int(ds.doc_idx[k + 1])
-                tokens.append(ds.document(k))
-                sizes.append(ds.sizes[a:b])
+                seqs = ds.sizes[a:b]
+                if b > a:
+                    raw = os.pread(fds[d], int(seqs.sum(dtype=np.int64)) * dtype.itemsize, int(ds.pointers[a]))
+                    tokens.append(np.frombuffer(raw, dtype))
+                sizes.append(seqs)
                 per_doc.append(b - a)
-            writer.add_documents_flat(np.concatenate(tokens), np.concatenate(sizes), per_doc)
+            flat = np.concatenate(tokens) if tokens else np.zeros(0, dtype)
+            writer.add_documents_flat(flat, np.concatenate(sizes), per_doc)
     for ds in sets:
         ds.close()

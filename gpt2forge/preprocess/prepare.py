@@ -19,7 +19,8 @@ dedup.MEMORY_HELP) and the shuffle's line offsets and order (26 bytes per docume
 The stages are gpt2forge/preprocess/stages.py, the manifest gpt2forge/preprocess/manifest.py. With
 `--num-shards N` the same pipeline runs as N independent shard tasks (`--shard K`: clean and
 fingerprint a part of the input) and one merge (the rest), whose outputs are this run's byte for
-byte: gpt2forge/preprocess/sharded.py.
+byte; `--two-passes` moves decontamination and tokenization into the tasks, run a second time after
+the merge's dedup: gpt2forge/preprocess/sharded.py.
 """
 
 from __future__ import annotations

@@ -19,10 +19,20 @@ the same shuffle permutation of the same documents. Nothing is decided per shard
 work that grows with the text (language ID, ftfy, quality rules, signatures); the merge joins the
 signatures (~0.45 GB per million documents) and reads the corpus once per later stage.
 
-Restarts: each task keeps its own manifest (stages `clean`, `fingerprint`), so a rerun task skips
-what it finished: a killed task reruns alone, and rerunning the whole array redoes nothing that is
-complete. The merge refuses to start while a task is unfinished, naming the tasks to rerun. Every
-machine must see <output-dir> and the inputs at the same paths (a shared file system).
+With --two-passes the merge stops after near dedup, and the tasks, run again, each decontaminate and
+tokenize the K-th of N line-aligned byte ranges of near.jsonl into their folders
+(decontaminated.jsonl, tokens_<key>_document.bin/.idx); the merge, run again, shuffles the tasks'
+parts read as one file and writes the .bin/.idx by putting their tokenized documents in the
+shuffle's order. Both stages look at one document at a time and tokenization gives each document its
+own sequences, so the parts joined are the one-machine decontaminated.jsonl and the gathered .bin/.idx
+is what tokenizing the shuffled file writes. The merge then keeps only what grows with the number of
+documents (the signatures, the candidate pairs, the shuffle's order) and copies.
+
+Restarts: each task keeps its own manifest (stages `clean`, `fingerprint`, and `decontaminate`,
+`tokenize` in a second pass), so a rerun task skips what it finished: a killed task reruns alone,
+and rerunning the whole array redoes nothing that is complete. The merge refuses to start while a
+task is unfinished, naming the tasks to rerun. Every machine must see <output-dir> and the inputs
+at the same paths (a shared file system).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 file(s) and its manifest record (gpt2forge/preprocess/manifest.py): clean, exact dedup (with the
 fingerprints), near dedup, decontaminate, shuffle, tokenize. gpt2forge/preprocess/prepare.py runs
 them in order on one machine; gpt2forge/preprocess/sharded.py runs the clean stage and the
-fingerprinting per shard task and the rest in its merge.
+fingerprinting per shard task and the rest in its merge (with --two-passes, decontamination and
+tokenization in the tasks too).
 """
 
 from __future__ import annotations

@@ -223,6 +223,30 @@ def test_merge_concatenates(tmp_path):
     assert [m[i].tolist() for i in range(len(m))] == [a[i].tolist() for i in range(len(a))] * 2
 
 
+def test_gather_documents_writes_them_in_the_order_given_as_one_writer_would(tmp_path):
+    """Three parts (one empty, one with an empty document and a document of two sequences), read as
+    one numbering and written in a shuffled order: the bytes of writing those documents directly."""
+    docs = [[[1, 2, 3]], [], [[4], [5, 6]], [[7, 8]], [[9] * 40], [[10], [11], [12]]]  # sequences per document
+    parts = [docs[:3], [], docs[3:]]
+
+    def write(prefix, documents):
+        with IndexedWriter(prefix, np.uint16) as w:
+            flat = [t for d in documents for seq in d for t in seq]
+            w.add_documents_flat(np.array(flat, np.uint16), [len(seq) for d in documents for seq in d],
+                                 [len(d) for d in documents])
+
+    prefixes = [tmp_path / f"part{k}" for k in range(3)]
+    for prefix, part in zip(prefixes, parts):
+        write(prefix, part)
+    order = np.random.default_rng(3).permutation(len(docs))
+    megatron.gather_documents(prefixes, order, tmp_path / "gathered", chunk=4)
+    write(tmp_path / "direct", [docs[i] for i in order])
+    for suffix in (".bin", ".idx"):
+        assert (tmp_path / f"gathered{suffix}").read_bytes() == (tmp_path / f"direct{suffix}").read_bytes()
+    with pytest.raises(ValueError, match="order lists 5 documents, the datasets hold 6"):
+        megatron.gather_documents(prefixes, order[:5], tmp_path / "short")
+
+
 def test_trained_tokenizer_loads_and_preprocesses(tmp_path, capsys):
     corpus = tmp_path / "tr.txt"
     corpus.write_text("\n".join([TURKISH] * 20), encoding="utf-8")

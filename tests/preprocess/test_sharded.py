@@ -148,8 +148,10 @@ def test_the_job_scripts_and_docs_example_flags_parse():
     texts = [(ROOT / "run" / name).read_text() for name in ("prepare_corpus_array.sbatch", "prepare_corpus_array.pbs")]
     found = [m for text in [*texts, (ROOT / "docs" / "corpus.md").read_text()]
              for m in re.findall(r'FLAGS="([^"]+)"', text)]
-    assert len(found) == 3
+    assert len(found) == 4
     for flags in found:
         argv = shlex.split(flags.replace("*", ""))
         assert build_parser().parse_args([*argv, "--shard", "0"]).num_shards == 8
         assert build_parser().parse_args(argv).shard is None
+    assert [build_parser().parse_args(shlex.split(flags.replace("*", ""))).two_passes for flags in found] == \
+        [False, False, False, True]
