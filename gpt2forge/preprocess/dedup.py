@@ -184,7 +184,8 @@ def fingerprint_files(inputs: list[tuple[str, str | None]], params: MinHashParam
         files.append((str(path), ("url", "id") if key is None else (key,), _spans(str(path), size)))
     tasks = ((path, span, text_key, fields, skip_bad_lines) for path, fields, spans in files for span in spans)
     results = ordered_map(_fingerprint_span, tasks, workers, _init, (params,))
-    with tqdm(desc="fingerprinting", unit="doc", disable=not progress) as bar:  # closed before an error prints
+    # a bar only on a terminal (None), not in a job's log; closed before an error prints
+    with tqdm(desc="fingerprinting", unit="doc", disable=None if progress else True) as bar:
         for s, (path, _, spans) in enumerate(files):
             lines_before, seen = 0, False
             for _ in spans:
@@ -452,7 +453,7 @@ def verify_pairs(fp: Fingerprints, pairs: np.ndarray, *, mode: str = "union", th
                 if others:
                     yield m, where[m], [(j, where[j]) for j in others], mode, threshold, sampled
 
-    with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=not progress) as bar:
+    with tqdm(total=len(pairs), desc="verifying pairs", unit="pair", disable=None if progress else True) as bar:
         # One pool for every batch; with `groups`, results join in a fixed lag behind the tasks made.
         for m, result in ordered_map(_verify_group, tasks(bar), workers, _init, (fp.params,),
                                      steady=groups is not None):

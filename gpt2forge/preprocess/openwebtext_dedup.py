@@ -31,7 +31,7 @@ from gpt2forge.preprocess.dedup import (
     save_fingerprints,
     verify_pairs,
 )
-from gpt2forge.preprocess.jsonl import KEY_FIELDS, atomic_jsonl, read_documents
+from gpt2forge.preprocess.jsonl import KEY_FIELDS, atomic_jsonl, read_documents, unreadable
 from gpt2forge.preprocess.minhash import JACCARD_MODES, SHINGLES, MinHashParams
 
 
@@ -134,7 +134,7 @@ def _json_lines(path: str, what: str):
     try:
         f = open(path, "rb")
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read ({exc.strerror}); check the path") from None
+        raise unreadable(path, exc) from None
     with f:
         for n, raw in enumerate(f, start=1):
             if not raw.strip():
