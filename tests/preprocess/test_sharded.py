@@ -1,6 +1,7 @@
 """gpt2forge/preprocess/sharded.py without a cluster (tests/cluster/test_sharded_corpus.py runs it as
 job arrays on namespaced nodes): the parts tile the input, every line read once and in order; shard
-tasks plus the merge in this process equal the one-machine run byte for byte; bad flags and an
+tasks plus the merge in this process equal the one-machine run byte for byte, in one pass and in
+two (a task failing in its second pass reruns only what it had not finished); bad flags and an
 early merge stop with one line; the job scripts' and docs' example flags parse."""
 
 import json
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpt2forge.core.errors import UsageError
-from gpt2forge.preprocess import sharded
+from gpt2forge.preprocess import megatron, sharded
 from gpt2forge.preprocess.jsonl import read_documents
 from gpt2forge.preprocess.prepare import build_parser, prepare_corpus
 
@@ -96,7 +97,7 @@ def _records(stages: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_two_passes_decontaminate_and_tokenize_in_the_tasks_and_equal_one_machine(web, capsys):
+def test_two_passes_decontaminate_and_tokenize_in_the_tasks_and_equal_one_machine(web, capsys, monkeypatch):
     tokens = ["--append-eod", "--output-prefix"]
     prepare_corpus(build_parser().parse_args(_flags(web, "one", *tokens, str(web / "one" / "corpus"))))
     two = _flags(web, "two", *tokens, str(web / "two" / "corpus"), "--num-shards", "4", "--two-passes")
@@ -110,8 +111,14 @@ def test_two_passes_decontaminate_and_tokenize_in_the_tasks_and_equal_one_machin
     prepare_corpus(build_parser().parse_args([*two, "--shard", "1"]))
     with pytest.raises(UsageError, match=r"shard task\(s\) 0,2,3 have not decontaminated .*--array=0,2,3"):
         prepare_corpus(build_parser().parse_args(two))
-    for k in (3, 0, 2):
+    for k in (3, 0):
         prepare_corpus(build_parser().parse_args([*two, "--shard", str(k)]))
+    with monkeypatch.context() as patch:  # task 2 fails in its tokenization, then reruns it alone
+        patch.setattr(megatron, "preprocess_data", lambda *_: (_ for _ in ()).throw(OSError("disk gone")))
+        with pytest.raises(OSError, match="disk gone"):
+            prepare_corpus(build_parser().parse_args([*two, "--shard", "2"]))
+    task = prepare_corpus(build_parser().parse_args([*two, "--shard", "2"]))
+    assert task.skipped == ["clean", "fingerprint", "decontaminate"]
     capsys.readouterr()
     task = prepare_corpus(build_parser().parse_args([*two, "--shard", "1"]))  # every stage already complete
     assert task.skipped == ["clean", "fingerprint", "decontaminate", "tokenize"]
