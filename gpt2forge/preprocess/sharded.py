@@ -210,10 +210,10 @@ def unfinished(out_dir: Path, inputs: list[Path], settings: dict, num_shards: in
 def _unfinished_second(out_dir: Path, settings: dict, num_shards: int, args: argparse.Namespace) -> list[int]:
     """The tasks whose manifest does not record their second pass complete on this near.jsonl."""
     near, evals = output_files(out_dir)["near"], [Path(p) for p in args.eval_files or []]
+    task = _task_settings(settings, [])  # the second pass's settings do not depend on the part
     missing = []
     for k in range(num_shards):
         folder = shard_dir(out_dir, k, num_shards)
-        task = _task_settings(settings, [])
         dec, _, token_files = _second_files(folder, args.text_key)
         m = Manifest(folder, {}, False, TASK_STAGES)
         if not (m.complete("decontaminate", [near, *evals], [dec], task["decontaminate"])
@@ -294,11 +294,11 @@ def gathered_tokens(args: argparse.Namespace, folders: list[Path], shuffled: Pat
     shuffle's order, into --output-prefix's .bin/.idx, byte for byte what tokenizing `shuffled` writes
     (each document is tokenized alone); its record is the tasks' gathered, `chars` of text in."""
     records = [Manifest(f, {}, False, TASK_STAGES).stages["tokenize"] for f in folders]
-    parts_ = [_second_files(f, args.text_key)[1] for f in folders]
+    tokenized = [Path(_second_files(f, args.text_key)[1]) for f in folders]
     prefix = f"{args.output_prefix}_{args.text_key}_document"
     recipe_path(prefix).unlink(missing_ok=True)
     order = shuffle_order(sum(r["docs_in"] for r in records), args.shuffle_seed)
-    megatron.gather_documents([Path(p) for p in parts_], order, Path(prefix))
+    megatron.gather_documents(tokenized, order, Path(prefix))
     spec = megatron.tokenizer_spec(args)
     write_recipe(prefix, shuffled, args.text_key, args.append_eod, spec, megatron.check_eod(spec, args.append_eod))
     return _gathered(records) | {"chars_in": chars, "chars_out": chars}
