@@ -70,7 +70,8 @@ def plot(path: str | Path, out_dir: str | Path, width: int = 900, height: int = 
         "loss.png": ("training tokens", "loss", [("train loss", _series(train, "tokens", "loss")),
                                                  ("validation loss", _series(val, "tokens", "val_loss"))]),
         "throughput.png": ("training tokens", "tokens/s", [("tokens/s", _series(train, "tokens", "tokens_per_sec"))]),
-        "lr.png": ("host step", "learning rate", [("lr", _series(train, "step", "lr"))]),
+        "lr.png": ("host step", "learning rate", [("lr", _series(train, "step", "lr")),
+                                                  ("muon lr", _series(train, "step", "muon_lr"))]),
     }
     drawn: dict[str, dict[str, Series]] = {}
     dpi = 100

@@ -50,7 +50,7 @@ from gpt2forge.parallel.optimizer_state import param_groups
 from gpt2forge.train.schedule import SCHEDULES, build_lr_schedule, resolve_warmup_steps
 
 __all__ = ["OPTIMIZERS", "SCHEDULES", "HostLamb", "Lamb", "MuonAdamW", "OffloadedOptimizer", "build_lr_schedule",
-           "build_optimizer", "muon_param_groups", "param_groups", "resolve_warmup_steps"]
+           "build_optimizer", "muon_param_groups", "param_groups", "resolve_warmup_steps", "scheduled_lrs"]
 
 OPTIMIZERS = ("AdamW", "Adam", "LAMB", "LAMBNoBiasCorrection", "Muon")
 
@@ -194,6 +194,14 @@ def muon_param_groups(model: torch.nn.Module, weight_decay: float, muon_lr: floa
     rest = [p for p in decay["params"] if id(p) not in muon_ids]
     return [{"params": matrices, "weight_decay": weight_decay, "lr": muon_lr, "muon": True},
             {**decay, "params": rest, "muon": False}, {**no_decay, "muon": False}]
+
+
+def scheduled_lrs(optimizer: torch.optim.Optimizer) -> tuple[float, float | None]:
+    """The learning rates the schedule has set for this update: `--learning-rate`'s groups' and, with
+    Muon, its matrices' (`--muon-learning-rate`; None without Muon)."""
+    groups = optimizer.param_groups
+    muon = next((g["lr"] for g in groups if g.get("muon")), None)
+    return next((g["lr"] for g in groups if not g.get("muon")), groups[0]["lr"]), muon
 
 
 MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)

@@ -178,7 +178,10 @@ def build_run_schedule(optimizer: torch.optim.Optimizer, optim: OptimizerArgs, t
     if optim.learning_rate == 0:  # a silent no-op fine-tune (nanoGPT#161) is at least named
         log.notice("--learning-rate 0: no update will change the weights")
     if optim.lr_schedule != "constant":
-        log.info(f"LR schedule: {optim.lr_schedule} from {optim.learning_rate:g} to {optim.min_lr:g} over "
+        muon = ""
+        if optim.optimizer == "Muon" and optim.muon_learning_rate not in (None, optim.learning_rate):
+            muon = f" (Muon's matrices: from {optim.muon_learning_rate:g} to {optim.muon_learning_rate * floor:g})"
+        log.info(f"LR schedule: {optim.lr_schedule} from {optim.learning_rate:g} to {optim.min_lr:g}{muon} over "
                  f"{length.decay} {length.unit}, warm-up {length.warmup} {length.unit} "
                  f"in {optim.lr_warmup_form}'s form")
     elif optim.min_lr:

@@ -22,6 +22,7 @@ from gpt2forge.train.batches import blend_shares, epoch_updates
 from gpt2forge.train.config import TrainConfig
 from gpt2forge.train.memory_features import peak_memory_bytes, reset_peak_memory
 from gpt2forge.train.metrics.lines import StepReport, step_line, validation_lines
+from gpt2forge.train.optim import scheduled_lrs
 from gpt2forge.train.setup import (
     Loop,
     Setup,
@@ -132,9 +133,10 @@ def _host_step(loop: Loop, updates: Iterator[list[torch.Tensor]], index_in_epoch
     epoch = progress.epoch
     epoch_done = _advance(progress, loop.steps_per_epoch)
     consumed = progress.step * cfg.samples_per_step
+    lr, muon_lr = scheduled_lrs(run.optimizer)
     return StepReport(
         step=progress.step, total_steps=loop.total_steps, index_in_epoch=index_in_epoch, epoch=epoch,
-        loss=loss_sum / max(tokens, 1), acc=correct / max(tokens, 1), lr=run.optimizer.param_groups[0]["lr"],
+        loss=loss_sum / max(tokens, 1), acc=correct / max(tokens, 1), lr=lr, muon_lr=muon_lr,
         samples_per_s=samples_s, tokens_per_s=tokens_s, mfu=loop.meter.mfu(tokens_s),
         mfu_uncertain=loop.meter.last_uncertain,
         peak_memory_gib=peak_memory_gib, data_wait_pct=100 * data_wait / step_s, grad_norm=run.grad_norm,

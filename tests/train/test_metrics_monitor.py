@@ -137,7 +137,7 @@ def test_progress_bar_only_on_a_terminal_and_prints_go_around_it(monkeypatch):
 
 def write_metrics(path: Path) -> None:
     rows = [{"kind": "train", "step": s, "epoch": 0, "tokens": 64 * s, "loss": 5.0 - 0.5 * s, "lr": 1e-3 * s,
-             "tokens_per_sec": 100.0 + s} for s in (1, 2, 3)]
+             "muon_lr": 4e-3 * s, "tokens_per_sec": 100.0 + s} for s in (1, 2, 3)]
     rows.insert(2, {**rows[1], "loss": 99.0})  # a resumed run re-did step 2: the last record wins
     rows.append({"kind": "validation", "step": 3, "tokens": 192, "val_loss": 3.9, "val_perplexity": 49.4})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]) + json.dumps(rows[2]) + "\n"
@@ -158,7 +158,8 @@ def test_plot_draws_the_files_data(tmp_path, capsys):
     assert drawn["loss.png"] == {"train loss": ([64.0, 128.0, 192.0], [4.5, 99.0, 3.5]),
                                  "validation loss": ([192.0], [3.9])}
     assert drawn["throughput.png"] == {"tokens/s": ([64.0, 128.0, 192.0], [101.0, 102.0, 103.0])}
-    assert drawn["lr.png"] == {"lr": ([1.0, 2.0, 3.0], [0.001, 0.002, 0.003])}
+    assert drawn["lr.png"] == {"lr": ([1.0, 2.0, 3.0], [0.001, 0.002, 0.003]),
+                               "muon lr": ([1.0, 2.0, 3.0], [0.004, 0.008, 0.012])}
     for name in drawn:
         assert png_size(tmp_path / "charts" / name) == (640, 400)
     assert plot_main([str(metrics), "--out", str(tmp_path / "c2")]) == 0

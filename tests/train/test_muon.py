@@ -163,8 +163,14 @@ def test_a_resumed_muon_run_equals_the_uninterrupted_run(make_tiny_config, tmp_p
             "--max-grad-norm", "1.0"]
     full, part = tmp_path / "full", tmp_path / "part"
     assert train_main([*args, "--checkpoint-output-dir", str(full), "--save-per-steps", "3"]) == 0
-    lines = [m.groups() for line in capsys.readouterr().out.splitlines() if (m := STEP_LINE.match(line))]
+    out = capsys.readouterr().out
+    lines = [m.groups() for line in out.splitlines() if (m := STEP_LINE.match(line))]
     assert len(lines) == 6 and float(lines[-1][2]) < float(lines[0][2])
+    # Each group's rate is named: --learning-rate's as `lr`, the matrices' as `muon lr`, on one schedule.
+    assert "LR schedule: cosine from 0.003 to 0 (Muon's matrices: from 0.02 to 0) over 6 updates" in out
+    rates = [tuple(map(float, m.groups())) for m in re.finditer(r", lr: (\S+), muon lr: (\S+), ", out)]
+    assert len(rates) == 6 and rates[0][0] <= 3e-3 and rates[0][1] <= 2e-2 and rates[-1][0] < rates[0][0]
+    assert all(abs(muon / lr - 2e-2 / 3e-3) < 1e-4 for lr, muon in rates[:-1])
     assert train_main([*args, "--checkpoint-output-dir", str(part), "--checkpoint-input-dir", str(full / "step_3"),
                        "--resume-training-from-checkpoint", "true"]) == 0
     assert [m.groups() for line in capsys.readouterr().out.splitlines() if (m := STEP_LINE.match(line))] == lines[3:]

@@ -33,6 +33,9 @@ class StepReport:
     loss: float
     acc: float
     lr: float
+    """The learning rate of `--learning-rate`'s parameter groups at this update."""
+    muon_lr: float | None = None
+    """With `--optimizer Muon`, the learning rate of its matrices at this update (else None)."""
     samples_per_s: float
     tokens_per_s: float
     mfu: float | None
@@ -73,6 +76,8 @@ class StepReport:
                   "tokens_per_sec_per_process": self.tokens_per_s / self.processes, "mfu": self.mfu,
                   "peak_memory_gib": self.peak_memory_gib, "data_wait_pct": self.data_wait_pct,
                   "step_seconds": self.seconds_per_step}
+        if self.muon_lr is not None:
+            record["muon_lr"] = self.muon_lr
         if self.mfu_of_read is not None:
             record["mfu_of_read"] = self.mfu_of_read
         return record
@@ -81,8 +86,9 @@ class StepReport:
 def step_line(fmt: str, r: StepReport) -> str:
     if fmt == "megatron":
         return megatron_step_line(r)
+    muon = "" if r.muon_lr is None else f"muon lr: {r.muon_lr:.6g}, "
     return (f"step {r.index_in_epoch} of epoch {r.epoch}, loss: {r.loss:.4f}, acc: {r.acc:.4f}, lr: {r.lr:.6g}, "
-            f"throughput: {r.samples_per_s:.2f} samples/sec, tokens/s: {r.tokens_per_s:.1f}, "
+            f"{muon}throughput: {r.samples_per_s:.2f} samples/sec, tokens/s: {r.tokens_per_s:.1f}, "
             f"MFU: {mfu_text(r.mfu, r.mfu_uncertain)}, "
             f"{_read_mfu(r)}peak memory: {r.peak_memory_gib:.2f} GiB, data wait: {r.data_wait_pct:.1f}%, "
             f"grad norm: {r.grad_norm:.4g}{r.blend}")
