@@ -76,11 +76,12 @@ test: setup lint
 
 # Leaves out the tests marked slow (over 3 s: torchrun, compiled graphs, end-to-end runs of shipped scripts).
 # Budget: 2 minutes on 2 cores of every CPU class; its pytest ends with the tier's total and cases over 3 s
-# (tests/conftest.py). 2-core AVX-512 EPYC (avx512_bf16, no AMX), 2026-11-29, quiet (load 1.1), at 516aad7:
-# 93 s wall for `make test-fast`, 1,241 passed (the tier before this split: 253 s wall, quiet). The AVX2-only
-# EPYC is not measured since (498 s before the split). The AVX2 class's kernels forced on the same machine
-# (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 GPT2FORGE_OPS_ISA=avx2: bf16 matmuls emulated, a 512 x 768 x
-# 768 one 234 against 1.6 ms natively), 2026-11-29 at a457d78, quiet: 100 s wall, 1,268 passed, no test over 8 s.
+# (tests/conftest.py). 2-core AVX-512 EPYC (avx512_bf16, no AMX), 2026-11-30, fresh checkout, at ff2c5ec + the
+# netns case moved to the full suite: 98 s wall for `make test-fast` (`time make test-fast`, load 0.8 at the
+# start), 1,271 passed (at ef3297e, the first run after setup: 115 s). The AVX2-only EPYC is not measured since
+# it took 498 s (before the split of 2026-11-29). The AVX2 class's kernels forced on this machine
+# (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 GPT2FORGE_OPS_ISA=avx2: bf16
+# matmuls emulated, as on that class), 2026-11-30 at ef3297e: pytest -m "not slow" 99 s wall, 1,272 passed.
 test-fast: setup lint
 	$(PY) -m pytest -q -m "not slow"
 

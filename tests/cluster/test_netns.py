@@ -42,6 +42,7 @@ def _round_trips(a: netns.Node, b: netns.Node, count: int) -> list[str]:
         server.wait(timeout=10)
 
 
+@pytest.mark.slow  # about 7.5 s on 2 cores: over the fast tier's 3 s a case
 def test_nodes_have_their_own_names_and_reach_each_other_through_faults(cluster):
     c = cluster(3)
     n0, n1, n2 = c.nodes
