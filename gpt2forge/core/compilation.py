@@ -4,15 +4,32 @@ outside the model (the order is in `device`'s docstring)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import torch
 
+from gpt2forge.core.precision import cpu_identity
+
+
+def machine_cache_dir(cache_dir: str) -> str:
+    """The folder of `cache_dir` (--executable-cache-dir) that this machine's compilations go to.
+
+    Inductor generates its CPU kernels for the vector ISA it picks (the CPU's, or ATEN_CPU_CAPABILITY's)
+    and builds them with -march=native, yet keys neither in its cache: kernels cached on one CPU class
+    and loaded on another, as from a cache on a shared file system or a copied checkout, index out of
+    bounds, stop on an illegal instruction or compute wrong values. One folder per CPU (its model and
+    flags, the threads torch uses, torch's version: `cpu_identity`) and ATEN_CPU_CAPABILITY keeps each
+    class's kernels apart."""
+    key = f"{cpu_identity()}|ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '')}"
+    return os.path.join(cache_dir, "cpu-" + hashlib.sha256(key.encode()).hexdigest()[:12])
+
 
 def compile_enabled(mode: str, device: torch.device, cache_dir: str | None) -> bool:
-    """--torch-compile auto (on for CUDA) | true | false; points inductor at --executable-cache-dir."""
+    """--torch-compile auto (on for CUDA) | true | false; points inductor at this machine's folder of
+    --executable-cache-dir (`machine_cache_dir`)."""
     if cache_dir:  # inductor reads it when it first compiles; the flag wins over the environment
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = machine_cache_dir(cache_dir)
     return mode == "true" or (mode == "auto" and device.type == "cuda")
 
 

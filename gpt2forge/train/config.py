@@ -177,7 +177,7 @@ class RuntimeArgs:
     """deterministic algorithms, so a run repeats bit for bit, compiled too: auto (on the CPU, where it costs
     nothing measurable) | true | false (Megatron's --deterministic-mode)"""
     executable_cache_dir: str | None = opt(None)
-    """Torch.compile cache directory (the IPU executable cache)"""
+    """Torch.compile cache directory (the IPU executable cache); each CPU class compiles into a folder of its own"""
     custom_ops: bool = opt(True, kind="bool")
     """Load the C++ custom ops library built by `make` when present."""
     compile_only: bool = opt(False, kind="bool")
