@@ -25,11 +25,20 @@ def machine_cache_dir(cache_dir: str) -> str:
     return os.path.join(cache_dir, "cpu-" + hashlib.sha256(key.encode()).hexdigest()[:12])
 
 
+def use_machine_cache(cache_dir: str | None) -> None:
+    """Points inductor at this machine's folder (`machine_cache_dir`) of `cache_dir`
+    (--executable-cache-dir), else of a TORCHINDUCTOR_CACHE_DIR the user set (a cache shared by
+    machines is named that way too); inductor's default, in the machine's own /tmp, is left as is.
+    Inductor reads the variable when it first compiles; the flag wins over the environment."""
+    base = cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if base and (cache_dir or not os.path.basename(os.path.normpath(base)).startswith("cpu-")):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = machine_cache_dir(base)
+
+
 def compile_enabled(mode: str, device: torch.device, cache_dir: str | None) -> bool:
     """--torch-compile auto (on for CUDA) | true | false; points inductor at this machine's folder of
-    --executable-cache-dir (`machine_cache_dir`)."""
-    if cache_dir:  # inductor reads it when it first compiles; the flag wins over the environment
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = machine_cache_dir(cache_dir)
+    its cache (`use_machine_cache`)."""
+    use_machine_cache(cache_dir)
     return mode == "true" or (mode == "auto" and device.type == "cuda")
 
 

@@ -26,6 +26,7 @@ import torch
 
 from gpt2forge.core import log
 from gpt2forge.core.capability import capabilities
+from gpt2forge.core.compilation import use_machine_cache
 from gpt2forge.core.device import synchronize
 from gpt2forge.generate.decode_loop import DecodeLoop, Rows, TokenCallback, cuda_graph
 from gpt2forge.generate.fused_step import FusedDecodeStep
@@ -136,6 +137,8 @@ class Generator:
         self._pending: tuple[torch.Tensor, ...] | None = None  # the inputs of the step being compiled
         self._last_graph: DirectStep | None = None  # the graph that ran the latest compiled step
         self.fused: FusedDecodeStep | None = None  # CPU: the step as one C++ call (gpt2forge.generate.fused_step)
+        if compile:
+            use_machine_cache(None)
         if self.graph_decode:
             # Static shapes (B, 1): one inductor graph, captured with the rest of the token step in
             # a CUDA graph of our own (_token_step), not torch.compile's "reduce-overhead", whose

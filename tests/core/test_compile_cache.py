@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpt2forge.core import compilation, precision
-from gpt2forge.core.compilation import compile_enabled, machine_cache_dir
+from gpt2forge.core.compilation import compile_enabled, machine_cache_dir, use_machine_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 STEP = re.compile(r"^(step \d+ of epoch \d+, loss: \S+, acc: \S+),", re.M)
@@ -29,9 +29,19 @@ def test_each_cpu_class_and_forced_isa_has_its_own_folder(monkeypatch, tmp_path)
     monkeypatch.setattr(compilation, "cpu_identity", lambda: precision.cpu_identity() + " (another CPU)")
     assert machine_cache_dir(str(tmp_path)) != here
 
-    monkeypatch.setattr(os, "environ", {**os.environ})  # compile_enabled sets inductor's variable
-    assert compile_enabled("true", torch.device("cpu"), str(tmp_path))
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == machine_cache_dir(str(tmp_path))
+
+
+def test_the_flag_or_a_users_inductor_cache_gets_the_machines_folder(monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"})
+    use_machine_cache(None)  # inductor's default, in this machine's /tmp, is left alone
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    assert compile_enabled("true", torch.device("cpu"), str(tmp_path / "flag"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == machine_cache_dir(str(tmp_path / "flag"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "shared"))
+    assert not compile_enabled("auto", torch.device("cpu"), None)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == machine_cache_dir(str(tmp_path / "shared"))
+    use_machine_cache(None)  # once only: no folder inside the folder
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == machine_cache_dir(str(tmp_path / "shared"))
 
 
 def _train(config: Path, cache: Path, tmp_path: Path, **env: str) -> list[str]:
