@@ -42,10 +42,14 @@ ENV = "GPT2FORGE_CPU_PRECISION"
 """Set to fp32 or bf16: `auto` takes it on the CPU without a probe (tests and pinned setups)."""
 
 
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "GPT2FORGE_OPS_ISA")
+"""Variables that hold ATen, inductor, oneDNN, MKL or the custom ops to an older instruction set: a
+measurement or a compilation made under one is another machine's."""
+
+
 @functools.cache
-def cpu_identity() -> str:
-    """This CPU as a cache key: its model name and a digest of its flags (a VM's model name alone,
-    "Intel Xeon Processor", covers CPUs with and without AMX), the threads torch uses, torch's version."""
+def _cpu_model_and_flags() -> tuple[str, str]:
+    """The CPU's model name and a digest of its flags, from /proc/cpuinfo (read once)."""
     model, flags = "unknown", ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -57,8 +61,16 @@ def cpu_identity() -> str:
                     flags = value.strip()
     except OSError:
         pass
-    digest = hashlib.sha256(flags.encode()).hexdigest()[:12]
-    return f"{model}|{digest}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+    return model, hashlib.sha256(flags.encode()).hexdigest()[:12]
+
+
+def cpu_identity() -> str:
+    """This CPU as a cache key: its model name and a digest of its flags (a VM's model name alone,
+    "Intel Xeon Processor", covers CPUs with and without AMX), the threads torch uses now, torch's
+    version, and the `ISA_LIMITS` set (none: the key of the CPU as it is)."""
+    model, digest = _cpu_model_and_flags()
+    limits = "".join(f"|{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name))
+    return f"{model}|{digest}|{torch.get_num_threads()} threads|torch {torch.__version__}{limits}"
 
 
 def cache_file() -> Path:

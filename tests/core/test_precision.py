@@ -42,6 +42,16 @@ def test_bf16_is_chosen_where_it_measured_faster_by_the_margin_and_the_answer_is
     assert len(probe) == 2
 
 
+def test_a_run_held_to_an_older_instruction_set_measures_again(probe, monkeypatch):
+    for name in precision.ISA_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    assert precision.cpu_auto_precision(bf16_emulated=False)[0] == "bf16"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # bf16 matmuls emulated: the native answer is not this one
+    probe.times["bf16"] = 50.0
+    assert precision.cpu_auto_precision(bf16_emulated=False)[0] == "fp32"
+    assert len(probe) == 4 and precision.cpu_identity().endswith("|ONEDNN_MAX_CPU_ISA=AVX2")
+
+
 @pytest.mark.parametrize("bf16_s", [0.95, 1.0, 3.0])
 def test_fp32_stays_where_bf16_is_not_clearly_faster(probe, bf16_s):
     probe.times["bf16"] = bf16_s
