@@ -25,12 +25,17 @@ def machine_cache_dir(cache_dir: str) -> str:
 
 
 def use_machine_cache(cache_dir: str | None) -> None:
-    """Points inductor at this machine's folder (`machine_cache_dir`) of `cache_dir`
-    (--executable-cache-dir), else of a TORCHINDUCTOR_CACHE_DIR the user set (a cache shared by
-    machines is named that way too); inductor's default, in the machine's own /tmp, is left as is.
-    Inductor reads the variable when it first compiles; the flag wins over the environment."""
+    """Points inductor at this machine's folder (`machine_cache_dir`) of its cache: `cache_dir`
+    (--executable-cache-dir), else TORCHINDUCTOR_CACHE_DIR (a cache that machines share is often
+    named that way), else inductor's default in /tmp (which a run held to an older instruction set
+    by `ISA_LIMITS` shares with the machine's own runs). Inductor reads the variable when it first
+    compiles; the flag wins over the environment; a folder already chosen is kept."""
     base = cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if base and (cache_dir or not os.path.basename(os.path.normpath(base)).startswith("cpu-")):
+    if not base:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        base = default_cache_dir()
+    if cache_dir or not os.path.basename(os.path.normpath(base)).startswith("cpu-"):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = machine_cache_dir(base)
 
 

@@ -31,13 +31,15 @@ def test_each_cpu_class_and_forced_isa_has_its_own_folder(monkeypatch, tmp_path)
 
 
 
-def test_the_flag_or_a_users_inductor_cache_gets_the_machines_folder(monkeypatch, tmp_path):
+def test_inductors_cache_wherever_it_is_gets_the_machines_folder_once(monkeypatch, tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"})
-    use_machine_cache(None)  # inductor's default, in this machine's /tmp, is left alone
-    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
-    assert compile_enabled("true", torch.device("cpu"), str(tmp_path / "flag"))
+    use_machine_cache(None)  # inductor's default
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == machine_cache_dir(default_cache_dir())
+    assert compile_enabled("true", torch.device("cpu"), str(tmp_path / "flag"))  # the flag wins
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == machine_cache_dir(str(tmp_path / "flag"))
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "shared"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "shared")  # the user's
     assert not compile_enabled("auto", torch.device("cpu"), None)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == machine_cache_dir(str(tmp_path / "shared"))
     use_machine_cache(None)  # once only: no folder inside the folder
