@@ -151,3 +151,33 @@ def test_smoke_run_appends_a_complete_record(tmp_path):
     contradicted = sum(v["status"] == "contradicts" for v in compared)
     assert re.search(rf"^{contradicted} of {len(compared)} recorded figures contradicted", stdout, re.M), stdout[-2000:]
     assert "CONTRADICTS docs/benchmarks.md (S, 2026-01-01): train_fp32_ratio" in stdout
+
+
+def test_a_run_held_to_an_older_instruction_set_is_recorded_so_and_compared_with_no_class(tmp_path, monkeypatch,
+                                                                                          capsys):
+    from gpt2forge.core.precision import ISA_LIMITS
+    from gpt2forge.tools.machine_report import cpu_info
+
+    info = cpu_info()
+    measured = class_check.Measured(ratios={"lm_head_op_time_ratio": 9.0, "lm_head_op_memory_ratio": 0.1}, state={},
+                                    raw={"fused_seconds": 9.0, "plain_seconds": 1.0})
+    monkeypatch.setattr(class_check, "CHECKS", (class_check.Check(name="lm_head_op", benchmark="made_up.py", args=(),
+                                                                  smoke_args=(), run=lambda _: measured),))
+    figures = tmp_path / "figures.json"
+    figures.write_text(json.dumps({"classes": [{"class": "this machine", "label": class_check.cpu_class(info["flags"]),
+                                                "cpu_model_contains": info["model"],
+                                                "figures": [figure("lm_head_op_time_ratio", 0.9)]}]}))
+    results = tmp_path / "results.jsonl"
+    args = ["--checks", "lm_head_op", "--results", str(results), "--figures", str(figures)]
+    for name in ISA_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    assert class_check.main(args) == 0
+    assert "CONTRADICTS" in capsys.readouterr().out  # as the CPU is: its class's figure applies
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert class_check.main(args) == 0
+    out = capsys.readouterr().out
+    assert "held to an older instruction set (ATEN_CPU_CAPABILITY=avx2)" in out and "CONTRADICTS" not in out
+    first, held = (json.loads(line) for line in results.read_text().splitlines())
+    assert first["isa_limits"] == {} and first["class_name"] == "this machine"
+    assert held["isa_limits"] == {"ATEN_CPU_CAPABILITY": "avx2"} and held["class_name"] is None
+    assert held["verdicts"] == []
