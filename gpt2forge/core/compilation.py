@@ -19,8 +19,8 @@ def machine_cache_dir(cache_dir: str) -> str:
     and builds them with -march=native, yet keys neither in its cache: kernels cached on one CPU class
     and loaded on another, as from a cache on a shared file system or a copied checkout, index out of
     bounds, stop on an illegal instruction or compute wrong values. One folder per CPU (its model and
-    flags, the threads torch uses, torch's version, an ATEN_CPU_CAPABILITY set: `cpu_identity`) keeps
-    each class's kernels apart."""
+    flags, the threads torch uses, torch's version, the ISA-limiting variables set: `cpu_identity`)
+    keeps each class's kernels apart."""
     return os.path.join(cache_dir, "cpu-" + hashlib.sha256(cpu_identity().encode()).hexdigest()[:12])
 
 
