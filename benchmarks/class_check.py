@@ -228,9 +228,9 @@ def isa_limits() -> dict[str, str]:
     """The variables set that hold ATen, oneDNN, MKL or the custom ops to an older instruction set
     (`gpt2forge.core.precision.ISA_LIMITS`): a run under them measures another machine than its flags
     name, so it is recorded with them and compared with no class's figures."""
-    from gpt2forge.core.precision import ISA_LIMITS  # imports torch: not at the script's start
+    from gpt2forge.core import precision  # imports torch: not at the script's start
 
-    return {name: os.environ[name] for name in ISA_LIMITS if os.environ.get(name)}
+    return precision.isa_limits()
 
 
 def load_figures(path: str | Path) -> list[dict]:

@@ -64,12 +64,17 @@ def _cpu_model_and_flags() -> tuple[str, str]:
     return model, hashlib.sha256(flags.encode()).hexdigest()[:12]
 
 
+def isa_limits() -> dict[str, str]:
+    """The `ISA_LIMITS` variables set in this process, by name."""
+    return {name: os.environ[name] for name in ISA_LIMITS if os.environ.get(name)}
+
+
 def cpu_identity() -> str:
     """This CPU as a cache key: its model name and a digest of its flags (a VM's model name alone,
     "Intel Xeon Processor", covers CPUs with and without AMX), the threads torch uses now, torch's
     version, and the `ISA_LIMITS` set (none: the key of the CPU as it is)."""
     model, digest = _cpu_model_and_flags()
-    limits = "".join(f"|{name}={os.environ[name]}" for name in ISA_LIMITS if os.environ.get(name))
+    limits = "".join(f"|{name}={value}" for name, value in isa_limits().items())
     return f"{model}|{digest}|{torch.get_num_threads()} threads|torch {torch.__version__}{limits}"
 
 

@@ -30,7 +30,6 @@ def test_each_cpu_class_and_forced_isa_has_its_own_folder(monkeypatch, tmp_path)
     assert machine_cache_dir(str(tmp_path)) != here
 
 
-
 def test_inductors_cache_wherever_it_is_gets_the_machines_folder_once(monkeypatch, tmp_path):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
